@@ -1,0 +1,28 @@
+# easyr1 developer commands. `make demo` and `make test` install what they need first.
+PYTHON ?= .venv/bin/python
+export OMP_NUM_THREADS ?= 1
+
+.PHONY: install demo test test-fast quality style clean
+
+install:
+	bash scripts/install_cpu.sh
+
+demo: install
+	$(PYTHON) -m easyr1.tools.demo
+
+test: install
+	$(PYTHON) -m pytest tests -q
+
+test-fast: install
+	$(PYTHON) -m pytest tests -q -m "not slow"
+
+quality: install
+	$(PYTHON) -m ruff check easyr1 tests scripts bench reward_function
+	$(PYTHON) -m ruff format --check easyr1 tests scripts bench reward_function
+
+style: install
+	$(PYTHON) -m ruff check --fix easyr1 tests scripts bench reward_function
+	$(PYTHON) -m ruff format easyr1 tests scripts bench reward_function
+
+clean:
+	rm -rf .cache checkpoints .pytest_cache .ruff_cache

@@ -1,0 +1,63 @@
+"""Base class of every Ray worker: one rank of a torch process group.
+
+A worker learns its rank, the world size and the rendezvous address from the :class:`WorkerGroup`
+and joins the process group (gloo on CPU, nccl on GPU). Subclasses add the actual work.
+"""
+
+import os
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def pick_backend() -> str:
+    """The collective backend for this machine: nccl when CUDA is usable, gloo otherwise."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+class Worker:
+    """One rank of a process group, living in its own Ray actor process."""
+
+    rank: int = 0
+    world_size: int = 1
+
+    def node_address_and_free_port(self) -> tuple[str, int]:
+        """This process's node address and a TCP port that was free a moment ago (for rank 0's rendezvous)."""
+        import ray
+
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind(("", 0))
+            port = probe.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def init_distributed(
+        self, rank: int, world_size: int, master_addr: str, master_port: int, num_threads: int, backend: str | None
+    ) -> None:
+        """Set the rank environment, the thread count, and join the process group."""
+        self.rank, self.world_size = rank, world_size
+        os.environ.update(
+            RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            LOCAL_RANK="0",  # Ray gives each actor its own device set, so the local device is always the first
+            LOCAL_WORLD_SIZE="1",
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(master_port),
+            OMP_NUM_THREADS=str(num_threads),
+        )
+        torch.set_num_threads(num_threads)
+        backend = backend or pick_backend()
+        if backend == "nccl":
+            torch.cuda.set_device(0)
+        dist.init_process_group(
+            backend=backend,
+            init_method=f"tcp://{master_addr}:{master_port}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(minutes=30),
+        )
+
+    def ping(self) -> int:
+        """The worker's rank (used to wait until every actor is up)."""
+        return self.rank

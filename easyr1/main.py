@@ -1,0 +1,94 @@
+"""Command line entry point: ``python -m easyr1.main config=FILE.yaml key=value ...``.
+
+Loads the typed config (defaults < YAML < dot-list overrides), checks it and the data and reward
+files before any model is loaded, starts Ray, and trains. User errors are printed as one clear
+message with exit code 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from easyr1.errors import UserError
+
+
+def init_ray(num_workers: int) -> None:
+    """Start (or join, when ``RAY_ADDRESS`` is set) a Ray cluster with quiet, CPU-friendly settings."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 would otherwise create and demand a token
+    env_vars = {
+        "TOKENIZERS_PARALLELISM": "false",
+        "RAY_AUTH_MODE": "disabled",
+        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+        "TRANSFORMERS_VERBOSITY": os.environ.get("TRANSFORMERS_VERBOSITY", "error"),
+        "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "ignore"),
+        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0"),
+    }
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars})
+        return
+    import torch
+
+    on_gpu = torch.cuda.is_available()
+    ray.init(
+        # Logical CPUs: one per worker plus one for the reward actor, even on a 2-core machine.
+        num_cpus=max(os.cpu_count() or 1, num_workers + 1),
+        object_store_memory=None if on_gpu else 512 * 1024**2,
+        include_dashboard=False,
+        runtime_env={"env_vars": env_vars},
+        logging_level="WARNING",
+    )
+
+
+def read_model_config(model_path: str) -> dict:
+    """The model's ``config.json`` as a dict (no weights are read)."""
+    from transformers import AutoConfig
+
+    from easyr1.errors import ConfigError
+
+    try:
+        return AutoConfig.from_pretrained(model_path).to_dict()
+    except OSError as error:
+        raise ConfigError(
+            f"worker.actor.model.model_path={model_path!r}: cannot read the model's config.json ({error}); "
+            "point it at a local model directory or a hub model id"
+        ) from None
+
+
+def run(argv: list[str]) -> list[dict[str, float]]:
+    """Load the config from ``argv``, train, and return every step's metrics."""
+    from easyr1.config import check_against_model, load_config
+    from easyr1.tools.demo import prepare_demo_assets
+
+    config = load_config(argv)
+    prepare_demo_assets(config)
+    check_against_model(config, read_model_config(config.worker.actor.model.model_path))
+    init_ray(config.trainer.nnodes * config.trainer.n_gpus_per_node)
+    from easyr1.trainer import Trainer
+
+    return Trainer(config).fit()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI wrapper around :func:`run` that turns user errors into one message and exit code 2."""
+    import ray
+
+    try:
+        run(sys.argv[1:] if argv is None else argv)
+    except UserError as error:
+        print(f"easyr1: error: {error}", file=sys.stderr)
+        return 2
+    except ray.exceptions.RayTaskError as error:
+        if isinstance(error.cause, UserError):
+            print(f"easyr1: error: {error.cause}", file=sys.stderr)
+            return 2
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""The policy (and reference) model: log-probs of responses and the PPO-style policy update.
+
+The model is FSDP2-sharded by the caller. A forward takes the full ``input_ids`` (left-padded prompt
++ right-padded response), the explicit position ids and the vision inputs, and scores only the
+response tokens. Updates split the worker's share of the batch into mini-batches (one optimizer step
+each) and micro-batches (gradient accumulation); losses are normalised by counts over the *global*
+mini-batch, so the update does not depend on the micro-batch size or the number of workers.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from easyr1.algorithms import (
+    PolicyLossParams,
+    aggregate_loss,
+    count_normalizers,
+    entropy_from_logits,
+    get_policy_loss,
+    kl_penalty,
+    log_probs_from_logits,
+    masked_mean,
+)
+from easyr1.distributed.fsdp import full_tensor
+from easyr1.protocol import Batch
+
+
+def merge_vision_inputs(rows: Any) -> dict[str, torch.Tensor]:
+    """Concatenate the per-sample processor outputs (``pixel_values``, ``image_grid_thw``, ...) of a micro-batch."""
+    merged: dict[str, list[torch.Tensor]] = defaultdict(list)
+    for row in rows:
+        for key, value in (row or {}).items():
+            merged[key].append(value)
+    return {key: torch.cat(values, dim=0) for key, values in merged.items()}
+
+
+# Vision placeholder tokens are never sampled: a generated ``<|image_pad|>`` would make the next forward see more
+# image tokens than images. Rollout engines add this bias to their logits, and so does the actor, so that both
+# score the same distribution (vLLM clamps logit biases to [-100, 100]).
+BANNED_TOKEN_BIAS = -100.0
+
+
+def banned_token_bias(vocab_size: int, banned_token_ids: list[int], dtype: torch.dtype) -> torch.Tensor | None:
+    """(V,) additive logit bias that rules out ``banned_token_ids`` (``None`` when there are none)."""
+    if not banned_token_ids:
+        return None
+    bias = torch.zeros(vocab_size, dtype=dtype)
+    bias[list(banned_token_ids)] = BANNED_TOKEN_BIAS
+    return bias
+
+
+def response_log_probs(
+    model: nn.Module,
+    micro_batch: Batch,
+    temperature: float,
+    with_entropy: bool = False,
+    banned_token_ids: list[int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and optionally entropies) of the response tokens under ``model``.
+
+    Shapes: ``input_ids`` / ``attention_mask`` (B, P + R), ``position_ids`` (B, 4, P + R) or (B, P + R),
+    ``responses`` (B, R); returns (B, R) tensors in float32.
+    """
+    responses = micro_batch["responses"]
+    response_length = responses.shape[-1]
+    position_ids = micro_batch["position_ids"]
+    if position_ids.dim() == 3:  # (B, 4, L) -> (4, B, L): text positions, then the three m-rope rows
+        position_ids = position_ids.transpose(0, 1).contiguous()
+    vision = merge_vision_inputs(micro_batch["multi_modal_inputs"]) if "multi_modal_inputs" in micro_batch else {}
+    output = model(
+        input_ids=micro_batch["input_ids"],
+        attention_mask=micro_batch["attention_mask"],
+        position_ids=position_ids,
+        use_cache=False,
+        logits_to_keep=response_length + 1,  # the logits that predict the response tokens (and one extra)
+        **vision,
+    )
+    logits = output.logits[:, :-1]  # (B, R, V); the log-prob helpers upcast chunk by chunk
+    bias = banned_token_bias(logits.shape[-1], banned_token_ids or [], logits.dtype)
+    if bias is not None:
+        logits = logits + bias.to(logits.device)
+    logits = logits / temperature
+    log_probs = log_probs_from_logits(logits, responses)
+    entropy = entropy_from_logits(logits) if with_entropy else None
+    return log_probs, entropy
+
+
+class Actor:
+    """A sharded causal LM plus (for the policy) its optimizer and LR schedule."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        config: Any,
+        optimizer: torch.optim.Optimizer | None = None,
+        lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+        banned_token_ids: list[int] | None = None,
+    ) -> None:
+        self.model = model
+        self.banned_token_ids = list(banned_token_ids or [])
+        self.config = config
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+
+    @torch.no_grad()
+    def compute_log_probs(self, batch: Batch, temperature: float, micro_batch_size: int) -> torch.Tensor:
+        """(B, R) log-probs of ``batch['responses']``, computed in micro-batches without gradients."""
+        self.model.eval()
+        parts = [
+            response_log_probs(self.model, micro, temperature, banned_token_ids=self.banned_token_ids)[0]
+            for micro in batch.split(max(micro_batch_size, 1))
+        ]
+        return torch.cat(parts)
+
+    def update_policy(self, batch: Batch, temperature: float, mini_batch_size: int) -> dict[str, float]:
+        """PPO epochs over mini-batches of ``mini_batch_size`` samples (this worker's share); returns mean metrics.
+
+        Needs ``old_log_probs``, ``advantages``, ``response_mask`` (and ``ref_log_probs`` with a KL loss).
+        """
+        assert self.optimizer is not None, "the reference model has no optimizer"
+        config = self.config
+        world_size = dist.get_world_size() if dist.is_initialized() else 1
+        self.model.train()
+        totals: dict[str, list[float]] = defaultdict(list)
+        for _ in range(config.ppo_epochs):
+            for mini_batch in batch.split(mini_batch_size):
+                mini_metrics = self._update_on_mini_batch(mini_batch, temperature, world_size)
+                for key, value in mini_metrics.items():
+                    totals[key].append(value)
+        if self.lr_scheduler is not None:
+            totals["actor/lr"].append(self.lr_scheduler.get_last_lr()[0])
+            self.lr_scheduler.step()
+        return {key: sum(values) / len(values) for key, values in totals.items()}
+
+    def _update_on_mini_batch(self, mini_batch: Batch, temperature: float, world_size: int) -> dict[str, float]:
+        """Gradient accumulation over micro-batches, then one clipped optimizer step."""
+        config = self.config
+        mask = mini_batch["response_mask"]
+        num_tokens, num_seqs = count_normalizers(mask)
+        counts = torch.tensor([num_tokens, num_seqs], dtype=torch.float64)
+        if dist.is_initialized():
+            dist.all_reduce(counts)  # global counts over every worker's share of the mini-batch
+        norm = {
+            "num_global_tokens": counts[0].item(),
+            "num_global_seqs": counts[1].item(),
+            "world_size": world_size,
+            "loss_scale_factor": float(mask.shape[-1]),
+        }
+        loss_params = PolicyLossParams(config.clip_ratio_low, config.clip_ratio_high, config.clip_ratio_dual)
+        sums: dict[str, float] = defaultdict(float)
+        for micro in mini_batch.split(config.micro_batch_size_per_device_for_update):
+            micro_mask = micro["response_mask"]
+            log_probs, entropy = response_log_probs(
+                self.model, micro, temperature, with_entropy=True, banned_token_ids=self.banned_token_ids
+            )
+            policy_loss = get_policy_loss(config.loss_type)(
+                micro["old_log_probs"], log_probs, micro["advantages"], micro_mask, loss_params
+            )
+            pg_loss = aggregate_loss(policy_loss.loss_mat, micro_mask, config.loss_agg_mode, **norm)
+            loss = pg_loss
+            if config.use_kl_loss and not config.disable_kl:
+                kl = kl_penalty(log_probs, micro["ref_log_probs"], config.kl_penalty)
+                kl_loss = aggregate_loss(kl, micro_mask, config.loss_agg_mode, **norm)
+                loss = loss + config.kl_coef * kl_loss
+                sums["actor/kl_loss"] += kl_loss.item()
+            if config.entropy_coeff:
+                entropy_loss = aggregate_loss(entropy, micro_mask, config.loss_agg_mode, **norm)
+                loss = loss - config.entropy_coeff * entropy_loss
+            loss.backward()
+            # Every metric is this worker's share of a global mean, scaled by the world size (like the losses), so
+            # the driver's mean over workers is the exact mean over the whole mini-batch.
+            sums["actor/pg_loss"] += pg_loss.item()
+            weight = micro_mask.sum().item() / max(counts[0].item() / world_size, 1.0)
+            sums["actor/entropy"] += masked_mean(entropy.detach(), micro_mask).item() * weight
+            for key, value in policy_loss.metrics.items():
+                sums[f"actor/{key}"] += float(value) * weight
+        grad_norm = full_tensor(nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)).item()
+        if torch.isfinite(torch.tensor(grad_norm)):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums["actor/grad_norm"] = grad_norm
+        return dict(sums)

@@ -1,0 +1,191 @@
+"""The hybrid worker: actor, reference and rollout engine of one rank, sharing one device.
+
+The driver calls, in order each step: :meth:`generate` (syncs the actor's weights into the engine if
+they changed), :meth:`compute_old_log_probs`, :meth:`compute_ref_log_probs` and :meth:`update_actor`.
+Each call gets this rank's equal share of the batch.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+
+from easyr1.distributed.fsdp import data_parallel_mesh, full_tensor, shard_model
+from easyr1.distributed.worker import Worker
+from easyr1.models.loading import load_model, load_tokenizer_and_processor, resolve_dtype
+from easyr1.protocol import Batch
+from easyr1.workers.actor import Actor
+from easyr1.workers.rollout.base import SamplingSettings
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim: Any) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up, then constant or cosine decay to ``min_lr_ratio`` over ``optim.training_steps``."""
+    total = max(int(optim.training_steps), 1)
+    warmup = optim.lr_warmup_steps if optim.lr_warmup_steps is not None else int(optim.lr_warmup_ratio * total)
+    min_ratio = optim.min_lr_ratio if optim.min_lr_ratio is not None else 0.0
+
+    def factor(step: int) -> float:
+        if warmup > 0 and step < warmup:
+            return (step + 1) / warmup
+        if optim.lr_scheduler_type == "cosine":
+            progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+            return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+class HybridWorker(Worker):
+    """One rank: FSDP2 actor + reference, and a rollout engine fed from the actor's weights."""
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+        self.actor: Actor | None = None
+        self.ref: Actor | None = None
+        self.rollout = None
+        self.weights_stale = True
+
+    # ----------------------------------------------------------------------------------------------- set-up
+    def init_models(self) -> None:
+        """Load, shard and wrap the models, and start the rollout engine."""
+        config = self.config
+        actor_config = config.worker.actor
+        model_config = actor_config.model
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = resolve_dtype(actor_config.fsdp.torch_dtype, self.device)
+        torch.manual_seed(config.trainer.seed)
+        mesh = data_parallel_mesh(self.device)
+        mixed = {}
+        if self.device == "cuda" and dtype == torch.float32:
+            mixed = {
+                "param_dtype": resolve_dtype(actor_config.fsdp.mp_param_dtype, self.device),
+                "reduce_dtype": resolve_dtype(actor_config.fsdp.mp_reduce_dtype, self.device),
+            }
+
+        self.tokenizer, self.processor = load_tokenizer_and_processor(
+            model_config.tokenizer_path, model_config.trust_remote_code
+        )
+        model = load_model(
+            model_config.model_path,
+            dtype,
+            trust_remote_code=model_config.trust_remote_code,
+            override_config=model_config.override_config,
+        ).to(self.device)
+        if model_config.enable_gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if model_config.freeze_vision_tower:
+            for name, param in model.named_parameters():
+                if ".visual." in f".{name}":
+                    param.requires_grad_(False)
+        shard_model(model, mesh, cpu_offload=actor_config.fsdp.enable_cpu_offload, **mixed)
+        optim = actor_config.optim
+        optimizer = torch.optim.AdamW(
+            [param for param in model.parameters() if param.requires_grad],
+            lr=optim.lr,
+            betas=tuple(optim.betas),
+            weight_decay=optim.weight_decay,
+        )
+        # Vision placeholders must never be sampled (see actor.BANNED_TOKEN_BIAS).
+        hf_config = model.config
+        self.banned_token_ids = [
+            token
+            for token in (getattr(hf_config, "image_token_id", None), getattr(hf_config, "video_token_id", None))
+            if token is not None
+        ]
+        self.actor = Actor(
+            model, actor_config, optimizer, build_lr_scheduler(optimizer, optim), banned_token_ids=self.banned_token_ids
+        )
+
+        if not config.algorithm.disable_kl:
+            ref_model = load_model(model_config.model_path, dtype, trust_remote_code=model_config.trust_remote_code)
+            ref_model.requires_grad_(False)
+            shard_model(ref_model.to(self.device), mesh, cpu_offload=config.worker.ref.fsdp.enable_cpu_offload, **mixed)
+            self.ref = Actor(ref_model, actor_config, banned_token_ids=self.banned_token_ids)
+
+        self.rollout = self._build_rollout(dtype)
+
+    def _build_rollout(self, dtype: torch.dtype):
+        config = self.config
+        rollout = config.worker.rollout
+        model = config.worker.actor.model
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        if rollout.name == "hf":
+            from easyr1.workers.rollout.hf_rollout import HFRollout
+
+            return HFRollout(
+                model.model_path,
+                dtype=dtype,
+                pad_token_id=pad_id,
+                eos_token_ids=self._eos_ids(),
+                banned_token_ids=self.banned_token_ids,
+                device=self.device,
+            )
+        from easyr1.workers.rollout.vllm_rollout import VLLMRollout
+
+        return VLLMRollout(
+            model.model_path,
+            model.tokenizer_path,
+            dtype=dtype,
+            max_model_len=rollout.max_model_len or (config.data.max_prompt_length + config.data.max_response_length),
+            tensor_parallel_size=rollout.tensor_parallel_size,
+            seed=rollout.seed,
+            pad_token_id=pad_id,
+            banned_token_ids=self.banned_token_ids,
+            limit_images=rollout.limit_images,
+            gpu_memory_utilization=rollout.gpu_memory_utilization,
+            enforce_eager=rollout.enforce_eager,
+            enable_chunked_prefill=rollout.enable_chunked_prefill,
+            max_num_batched_tokens=rollout.max_num_batched_tokens,
+            cpu_kv_cache_gb=rollout.cpu_kv_cache_gb,
+            trust_remote_code=rollout.trust_remote_code,
+            disable_log_stats=rollout.disable_log_stats,
+        )
+
+    def _eos_ids(self) -> list[int]:
+        generation_eos = getattr(self.actor.model.generation_config, "eos_token_id", None)
+        ids = generation_eos if isinstance(generation_eos, list) else [generation_eos]
+        ids = [token for token in ids if token is not None]
+        return ids or [self.tokenizer.eos_token_id]
+
+    # --------------------------------------------------------------------------------------------- per step
+    def sync_rollout_weights(self) -> float:
+        """Gather the actor's full weights and load them into the engine; returns the seconds it took."""
+        start = time.perf_counter()
+        # Every rank runs its own engine, so every rank needs the whole state: gather each sharded tensor.
+        state = ((name, full_tensor(tensor.detach())) for name, tensor in self.actor.model.state_dict().items())
+        self.rollout.sync_weights(state)
+        self.weights_stale = False
+        return time.perf_counter() - start
+
+    def generate(self, prompts: Batch, sampling: dict[str, Any]) -> Batch:
+        """Sample one response per row (rows are already repeated ``n`` times by the driver).
+
+        ``prompts['sample_seed']`` gives every row its own sampling seed, so a step can be replayed exactly.
+        """
+        sync_seconds = self.sync_rollout_weights() if self.weights_stale else 0.0
+        self.rollout.wake()
+        start = time.perf_counter()
+        output = self.rollout.generate(prompts, SamplingSettings(**sampling), prompts["sample_seed"].tolist())
+        generate_seconds = time.perf_counter() - start
+        self.rollout.sleep()
+        output.meta.update(sync_seconds=sync_seconds, generate_seconds=generate_seconds)
+        return output
+
+    def compute_old_log_probs(self, batch: Batch, temperature: float) -> Batch:
+        """The current policy's log-probs of the sampled responses (the PPO ratio's denominator)."""
+        micro = self.config.worker.actor.micro_batch_size_per_device_for_experience
+        return Batch(tensors={"old_log_probs": self.actor.compute_log_probs(batch, temperature, micro)})
+
+    def compute_ref_log_probs(self, batch: Batch, temperature: float) -> Batch:
+        """The reference policy's log-probs of the sampled responses."""
+        micro = self.config.worker.ref.micro_batch_size_per_device_for_experience
+        return Batch(tensors={"ref_log_probs": self.ref.compute_log_probs(batch, temperature, micro)})
+
+    def update_actor(self, batch: Batch, temperature: float, mini_batch_size: int) -> dict[str, float]:
+        """One policy update on this rank's share; the engine's weights are stale afterwards."""
+        metrics = self.actor.update_policy(batch, temperature, mini_batch_size)
+        self.weights_stale = True
+        return metrics

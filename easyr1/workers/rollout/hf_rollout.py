@@ -1,0 +1,93 @@
+"""Rollout with ``transformers`` ``generate`` (``worker.rollout.name=hf``).
+
+It keeps its own unsharded copy of the model on each worker, like vLLM does, so that ranks can stop
+generating at different lengths without waiting for each other; the actor's weights are copied in by
+:meth:`HFRollout.sync_weights`. Slower than vLLM on GPU, about as fast on CPU at tiny sizes, and
+useful where vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from easyr1.models.loading import load_model
+from easyr1.protocol import Batch
+from easyr1.workers.actor import BANNED_TOKEN_BIAS, merge_vision_inputs
+from easyr1.workers.rollout.base import SamplingSettings, pack_responses
+
+
+class HFRollout:
+    """Sample responses with ``model.generate`` on a private copy of the policy."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        dtype: torch.dtype,
+        pad_token_id: int,
+        eos_token_ids: list[int],
+        banned_token_ids: list[int],
+        device: str,
+    ) -> None:
+        self.device = device
+        self.model = load_model(model_path, dtype).to(device).eval()
+        self.pad_token_id = pad_token_id
+        self.eos_token_ids = eos_token_ids
+        self.sequence_bias = {(token,): BANNED_TOKEN_BIAS for token in banned_token_ids} or None
+
+    @torch.no_grad()
+    def generate(self, prompts: Batch, sampling: SamplingSettings, seeds: list[int]) -> Batch:
+        """Generate row by row so that each row's sampling depends only on its own seed."""
+        response_ids, response_log_probs = [], []
+        for row in range(len(prompts)):
+            ids, log_probs = self._generate_one(prompts.index([row]), sampling, seeds[row])
+            response_ids.append(ids)
+            response_log_probs.append(log_probs)
+        return pack_responses(prompts, response_ids, response_log_probs, sampling.max_tokens, self.pad_token_id)
+
+    def _generate_one(self, prompt: Batch, sampling: SamplingSettings, seed: int) -> tuple[list[int], list[float]]:
+        mask = prompt["attention_mask"][0].bool()
+        input_ids = prompt["input_ids"][:, mask].to(self.device)
+        vision = merge_vision_inputs(prompt["multi_modal_inputs"]) if "multi_modal_inputs" in prompt else {}
+        generator_state = torch.random.get_rng_state()
+        torch.manual_seed(seed)
+        try:
+            output = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                **{key: value.to(self.device) for key, value in vision.items()},
+                do_sample=not sampling.greedy,
+                temperature=sampling.temperature if not sampling.greedy else None,
+                top_p=sampling.top_p if not sampling.greedy else None,
+                top_k=(sampling.top_k if sampling.top_k > 0 else None) if not sampling.greedy else None,
+                max_new_tokens=sampling.max_tokens,
+                eos_token_id=None if sampling.ignore_eos else self.eos_token_ids,
+                pad_token_id=self.pad_token_id,
+                sequence_bias=self.sequence_bias,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
+        finally:
+            torch.random.set_rng_state(generator_state)
+        new_ids = output.sequences[0, input_ids.shape[1] :].tolist()
+        log_probs = []
+        for step, token in enumerate(new_ids):
+            log_probs.append(torch.log_softmax(output.scores[step][0].float(), dim=-1)[token].item())
+        # generate pads after EOS; keep the response up to and including the first EOS
+        for end, token in enumerate(new_ids):
+            if token in self.eos_token_ids and not sampling.ignore_eos:
+                new_ids, log_probs = new_ids[: end + 1], log_probs[: end + 1]
+                break
+        return new_ids, log_probs
+
+    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy the actor's full weights into the private model."""
+        self.model.load_state_dict(dict(named_tensors), strict=True)
+
+    def sleep(self) -> None:
+        """Nothing to release: the copy stays resident."""
+
+    def wake(self) -> None:
+        """Nothing to re-acquire."""

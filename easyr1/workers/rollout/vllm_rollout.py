@@ -1,0 +1,147 @@
+"""vLLM rollout engine, running in-process on every worker beside the FSDP actor (the hybrid engine).
+
+The engine joins the worker's existing process group (``distributed_executor_backend="external_launcher"``),
+so each rank generates for its own share of the prompts. It gets the *unexpanded* prompt ids (one
+image placeholder per image) plus the images, and expands the placeholders itself; the prompt ids it
+reports back must equal the expanded ids the actor trains on, which is checked on every call.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+import torch
+
+from easyr1.errors import UserError
+from easyr1.protocol import Batch
+from easyr1.workers.actor import BANNED_TOKEN_BIAS
+from easyr1.workers.rollout.base import SamplingSettings, pack_responses
+
+
+def set_cpu_engine_environment(kv_cache_gb: int, num_threads: int) -> None:
+    """Environment vLLM's CPU backend reads at import: in-process engine, small KV cache, no thread pinning."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gb))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("OMP_NUM_THREADS", str(num_threads))
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+class VLLMRollout:
+    """Generate with ``vllm.LLM``; weights are pushed in from the actor before each rollout."""
+
+    def __init__(
+        self,
+        model_path: str,
+        tokenizer_path: str,
+        *,
+        dtype: torch.dtype,
+        max_model_len: int,
+        tensor_parallel_size: int,
+        seed: int,
+        pad_token_id: int,
+        banned_token_ids: list[int],
+        limit_images: int = 0,
+        gpu_memory_utilization: float = 0.6,
+        enforce_eager: bool = False,
+        enable_chunked_prefill: bool = False,
+        max_num_batched_tokens: int = 8192,
+        cpu_kv_cache_gb: int = 1,
+        trust_remote_code: bool = False,
+        disable_log_stats: bool = True,
+    ) -> None:
+        on_gpu = torch.cuda.is_available()
+        if not on_gpu:
+            set_cpu_engine_environment(cpu_kv_cache_gb, torch.get_num_threads())
+        from vllm import LLM
+
+        extra = {}
+        if limit_images:
+            extra["limit_mm_per_prompt"] = {"image": limit_images}
+        self.llm = LLM(
+            model=model_path,
+            tokenizer=tokenizer_path,
+            dtype=dtype,  # explicit: vLLM would otherwise run an fp32 checkpoint in bf16
+            seed=seed,
+            tensor_parallel_size=tensor_parallel_size,
+            distributed_executor_backend="external_launcher",
+            max_model_len=max_model_len,
+            max_num_batched_tokens=max(max_num_batched_tokens, max_model_len),
+            enable_chunked_prefill=enable_chunked_prefill,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=enforce_eager or not on_gpu,
+            enable_sleep_mode=on_gpu,  # the CPU platform refuses sleep mode
+            trust_remote_code=trust_remote_code,
+            disable_log_stats=disable_log_stats,
+            logprobs_mode="processed_logprobs",  # after temperature, like the actor's logits / temperature
+            **extra,
+        )
+        self.sleep_supported = on_gpu
+        self.pad_token_id = pad_token_id
+        self.logit_bias = {token: BANNED_TOKEN_BIAS for token in banned_token_ids} or None
+
+    def generate(self, prompts: Batch, sampling: SamplingSettings, seeds: list[int]) -> Batch:
+        """One response per prompt row, with the sampled tokens' log-probs."""
+        from vllm import SamplingParams
+
+        requests = []
+        for row in range(len(prompts)):
+            request = {"prompt_token_ids": list(prompts["raw_prompt_ids"][row])}
+            multi_modal = prompts["multi_modal_data"][row] if "multi_modal_data" in prompts else None
+            if multi_modal:
+                request["multi_modal_data"] = {
+                    {"images": "image", "videos": "video"}[key]: value for key, value in multi_modal.items() if value
+                }
+            requests.append(request)
+        params = [
+            SamplingParams(
+                n=1,
+                temperature=0.0 if sampling.greedy else sampling.temperature,
+                top_p=1.0 if sampling.greedy else sampling.top_p,
+                top_k=-1 if sampling.greedy else sampling.top_k,
+                max_tokens=sampling.max_tokens,
+                ignore_eos=sampling.ignore_eos,
+                logprobs=0,
+                seed=seed,
+                detokenize=False,
+                logit_bias=self.logit_bias,
+            )
+            for seed in seeds
+        ]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        self._check_prompt_ids(prompts, [output.prompt_token_ids for output in outputs])
+        response_ids, response_log_probs = [], []
+        for output in outputs:
+            completion = output.outputs[0]
+            ids = list(completion.token_ids)
+            response_ids.append(ids)
+            response_log_probs.append([step[token].logprob for step, token in zip(completion.logprobs, ids)])
+        return pack_responses(prompts, response_ids, response_log_probs, sampling.max_tokens, self.pad_token_id)
+
+    def _check_prompt_ids(self, prompts: Batch, engine_prompt_ids: list[list[int]]) -> None:
+        """The prompt vLLM sampled from must be the one the actor will score, token for token."""
+        for row, engine_ids in enumerate(engine_prompt_ids):
+            trainer_ids = prompts["input_ids"][row][prompts["attention_mask"][row].bool()].tolist()
+            if list(engine_ids) != trainer_ids:
+                raise UserError(
+                    f"prompt {row}: vLLM expanded the prompt to {len(engine_ids)} tokens but the trainer's prompt has "
+                    f"{len(trainer_ids)}; the processor's vision-token expansion disagrees with vLLM's. Check that "
+                    "data.min_pixels / data.max_pixels match the processor and that images are not resized twice."
+                )
+
+    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Reload every weight in place, then drop caches computed with the old weights."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
+        self.llm.reset_prefix_cache()
+        self.llm.llm_engine.reset_encoder_cache()  # else the next image request fails with an encoder cache miss
+
+    def sleep(self) -> None:
+        """Free weights and KV cache on GPU; a no-op on CPU."""
+        if self.sleep_supported:
+            self.llm.sleep(level=1)
+
+    def wake(self) -> None:
+        """Re-allocate what sleep freed."""
+        if self.sleep_supported:
+            self.llm.wake_up()
