@@ -76,7 +76,7 @@ class Trainer:
             )
         self.total_steps = config.trainer.max_steps or steps_per_epoch * config.trainer.total_epochs
         config.worker.actor.optim.training_steps = self.total_steps
-        self.log_dir = Path(config.trainer.save_checkpoint_path)
+        self.log_dir = Path(config.trainer.log_dir)
         self.trackers = build_trackers(list(config.trainer.logger), self.log_dir)
 
         self.reward_actor = RewardActor.options(num_cpus=config.worker.reward.num_cpus).remote(
@@ -248,7 +248,9 @@ class Trainer:
             "prompt_length/mean": prompt_lengths.mean().item(),
             "advantages/mean": masked_mean(batch["advantages"], mask).item(),
             # |log p_vLLM - log p_actor| on the same sampled tokens: 0 up to numerics when the weights are in sync.
-            "rollout/log_prob_gap": masked_mean((batch["rollout_log_probs"] - batch["old_log_probs"]).abs(), mask).item(),
+            "rollout/log_prob_gap": masked_mean(
+                (batch["rollout_log_probs"] - batch["old_log_probs"]).abs(), mask
+            ).item(),
             "rollout/log_prob_gap_max": (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()[mask].max().item(),
         }
         for key, values in sub_scores.items():

@@ -11,6 +11,7 @@ native ops and decoders are missing.
 import importlib.abc
 import sys
 
+
 _SCHEMAS = (
     "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
     "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",

@@ -43,7 +43,9 @@ class WorkerGroup:
             remote_cls.options(
                 num_cpus=cpus_per_worker,
                 num_gpus=gpus_per_worker,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self._placement, placement_group_bundle_index=rank),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self._placement, placement_group_bundle_index=rank
+                ),
                 runtime_env={"env_vars": env},
             ).remote(*init_args, **(init_kwargs or {}))
             for rank in range(num_workers)
@@ -54,7 +56,9 @@ class WorkerGroup:
             master_addr = "127.0.0.1"  # one node: loopback, since Ray may report an address gloo cannot bind
         ray.get(
             [
-                worker.init_distributed.remote(rank, num_workers, master_addr, master_port, threads_per_worker, backend)
+                worker.init_distributed.remote(
+                    rank, num_workers, master_addr, master_port, threads_per_worker, backend
+                )
                 for rank, worker in enumerate(self.workers)
             ]
         )

@@ -101,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     first, last = summarize(history)
     label = "demo-control" if args.shuffle_images else "demo"
-    print(f"{label}: reward_first={first:.3f} reward_last={last:.3f} steps={len(history)} seconds={time.time() - start:.0f}")
+    print(
+        f"{label}: reward_first={first:.3f} reward_last={last:.3f} steps={len(history)} seconds={time.time() - start:.0f}"
+    )
     return 0
 
 

@@ -96,13 +96,19 @@ class HybridWorker(Worker):
             if token is not None
         ]
         self.actor = Actor(
-            model, actor_config, optimizer, build_lr_scheduler(optimizer, optim), banned_token_ids=self.banned_token_ids
+            model,
+            actor_config,
+            optimizer,
+            build_lr_scheduler(optimizer, optim),
+            banned_token_ids=self.banned_token_ids,
         )
 
         if not config.algorithm.disable_kl:
             ref_model = load_model(model_config.model_path, dtype, trust_remote_code=model_config.trust_remote_code)
             ref_model.requires_grad_(False)
-            shard_model(ref_model.to(self.device), mesh, cpu_offload=config.worker.ref.fsdp.enable_cpu_offload, **mixed)
+            shard_model(
+                ref_model.to(self.device), mesh, cpu_offload=config.worker.ref.fsdp.enable_cpu_offload, **mixed
+            )
             self.ref = Actor(ref_model, actor_config, banned_token_ids=self.banned_token_ids)
 
         self.rollout = self._build_rollout(dtype)

@@ -1,0 +1,476 @@
+"""The RL prompt dataset: rows from jsonl / json / parquet files, a folder of them, or a hub dataset.
+
+Each item is one left-padded prompt ready for both engines: the expanded token ids, mask and position ids the
+actor trains on, and the unexpanded ids (one ``<|image_pad|>`` per image) plus the resized images that the
+rollout engine gets. See :class:`RLDataset` for the exact fields.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from easyr1.data.prompt import build_messages, load_chat_template, load_format_prompt, render_prompt
+from easyr1.data.vision import (
+    VisionBounds,
+    frames_to_array,
+    image_size,
+    load_image,
+    load_video,
+    resize_image,
+    target_size,
+    vision_bounds,
+    vision_token_count,
+)
+from easyr1.errors import DataError
+from easyr1.models.rope import MRopeSettings, is_mrope_config, prompt_position_ids
+
+
+SUPPORTED_SUFFIXES = (".jsonl", ".json", ".parquet")
+_FILTER_REPORT_ROWS = 5  # how many filtered row positions the one-line report names
+
+
+@dataclass(frozen=True)
+class Row:
+    """One dataset row and where it came from (for error messages)."""
+
+    source: str
+    index: int  # 1-based line number in a .jsonl file, 0-based position otherwise
+    data: Mapping[str, Any]
+    line_based: bool = False
+
+    @property
+    def where(self) -> str:
+        """``file line N`` or ``file row N``: the place to look when the row is wrong."""
+        return f"{self.source} {'line' if self.line_based else 'row'} {self.index}"
+
+    @property
+    def base_dir(self) -> Path | None:
+        """The directory relative image paths of this row are resolved against when no image_dir is set."""
+        path = Path(self.source)
+        return path.parent if path.is_file() else None
+
+
+class _HubRow(Mapping):
+    """A row of a ``datasets.Dataset`` that is decoded only when a value is read."""
+
+    def __init__(self, dataset: Any, index: int) -> None:
+        self._dataset = dataset
+        self._index = index
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._dataset.column_names:
+            raise KeyError(key)
+        return self._dataset[self._index][key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._dataset.column_names)
+
+    def __len__(self) -> int:
+        return len(self._dataset.column_names)
+
+
+def _read_jsonl(path: Path) -> list[Row]:
+    rows = []
+    with path.open(encoding="utf-8") as file:
+        for line_number, line in enumerate(file, start=1):
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise DataError(
+                    f"{path} line {line_number}: invalid JSON: {error.msg} (column {error.colno})"
+                ) from error
+            if not isinstance(data, dict):
+                raise DataError(f"{path} line {line_number}: expected a JSON object, got {type(data).__name__}")
+            rows.append(Row(str(path), line_number, data, line_based=True))
+    return rows
+
+
+def _read_json(path: Path) -> list[Row]:
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        if error.msg == "Extra data":  # several objects, one per line: a JSON-lines file named .json
+            return _read_jsonl(path)
+        raise DataError(f"{path} line {error.lineno}: invalid JSON: {error.msg} (column {error.colno})") from error
+    if isinstance(data, dict) and isinstance(data.get("data"), list):
+        data = data["data"]
+    if not isinstance(data, list):
+        raise DataError(f"{path}: expected a JSON list of row objects, got {type(data).__name__}")
+    rows = []
+    for index, item in enumerate(data):
+        if not isinstance(item, dict):
+            raise DataError(f"{path} row {index}: expected a JSON object, got {type(item).__name__}")
+        rows.append(Row(str(path), index, item))
+    return rows
+
+
+def _read_parquet(path: Path) -> list[Row]:
+    import pyarrow.parquet as pq
+
+    try:
+        records = pq.read_table(path).to_pylist()
+    except Exception as error:  # pyarrow raises its own exception types for corrupt files
+        raise DataError(f"{path}: cannot read parquet file: {error}") from error
+    return [Row(str(path), index, record) for index, record in enumerate(records)]
+
+
+def _read_file(path: Path) -> list[Row]:
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        return _read_jsonl(path)
+    if suffix == ".json":
+        return _read_json(path)
+    if suffix == ".parquet":
+        return _read_parquet(path)
+    raise DataError(f"{path}: unsupported data file type {suffix!r}; use one of {', '.join(SUPPORTED_SUFFIXES)}")
+
+
+def _read_hub(spec: str) -> list[Row]:
+    name, _, split = spec.partition("@")
+    try:
+        import datasets
+    except ImportError as error:
+        raise DataError(f"{spec!r} is not a local file; loading hub datasets needs the `datasets` package") from error
+    try:
+        dataset = datasets.load_dataset(name, split=split or "train")
+    except Exception as error:  # network, auth and missing-split errors all end up here
+        raise DataError(f"cannot load hub dataset {name!r} split {split or 'train'!r}: {error}") from error
+    return [Row(spec, index, _HubRow(dataset, index)) for index in range(len(dataset))]
+
+
+def load_rows(spec: str | Path) -> list[Row]:
+    """All rows of a data spec: a .jsonl / .json / .parquet file, a folder of them, or a hub ``name@split``.
+
+    Raises DataError naming the file (and line) when something cannot be read.
+    """
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return _read_file(path)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in SUPPORTED_SUFFIXES)
+        if not files:
+            raise DataError(f"{path}: no {', '.join(SUPPORTED_SUFFIXES)} files in this folder")
+        return [row for file in files for row in _read_file(file)]
+    if "@" in str(spec):
+        return _read_hub(str(spec))
+    raise DataError(f"data file {path} does not exist (for a hub dataset write name@split, e.g. org/data@train)")
+
+
+def _as_list(value: Any) -> list[Any]:
+    """A row's images / videos as a list (None means none; a single value means one)."""
+    if value is None:
+        return []
+    if isinstance(value, np.ndarray) and value.dtype == object:
+        return list(value)
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [value]
+
+
+class RLDataset(torch.utils.data.Dataset):
+    """Prompts for RL training, tokenized and padded for the actor and unexpanded for the rollout engine.
+
+    ``dataset[i]`` is a dict:
+
+    - ``input_ids``: LongTensor (max_prompt_length,), left-padded with the pad id; images expanded to their
+      vision tokens.
+    - ``attention_mask``: LongTensor (max_prompt_length,), 1 on real tokens.
+    - ``position_ids``: LongTensor (4, max_prompt_length) for Qwen-VL models (row 0 text positions, rows 1-3
+      m-rope t, h, w), (max_prompt_length,) for text-only models; 0 on padding.
+    - ``raw_prompt_ids``: list[int], the prompt with one ``<|image_pad|>`` per image, unpadded (for vLLM).
+    - ``multi_modal_data``: ``{"images": [PIL.Image, ...], "videos": [uint8 array (T, H, W, 3)]}`` (only the
+      keys present) with images already at the processor's size; ``{}`` for text rows.
+    - ``multi_modal_inputs``: the processor's tensors (``pixel_values``, ``image_grid_thw``, video ones);
+      ``{}`` for text rows.
+    - ``ground_truth``: the answer as a string.
+    """
+
+    def __init__(
+        self,
+        data_files: str,
+        tokenizer: Any,
+        processor: Any = None,
+        *,
+        prompt_key: str = "prompt",
+        answer_key: str = "answer",
+        image_key: str = "images",
+        video_key: str = "videos",
+        image_dir: str | None = None,
+        max_prompt_length: int = 512,
+        format_prompt: str | None = None,
+        min_pixels: int | None = None,
+        max_pixels: int | None = None,
+        filter_overlong_prompts: bool = True,
+        video_fps: float = 2.0,
+        override_chat_template: str | None = None,
+        model_config: Any = None,
+    ) -> None:
+        if max_prompt_length <= 0:
+            raise DataError(f"max_prompt_length must be positive, got {max_prompt_length}")
+        self.data_files = str(data_files)
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.prompt_key = prompt_key
+        self.answer_key = answer_key
+        self.image_key = image_key
+        self.video_key = video_key
+        self.image_dir = Path(image_dir).expanduser() if image_dir else None
+        self.max_prompt_length = int(max_prompt_length)
+        self.video_fps = float(video_fps)
+        self.template = load_format_prompt(format_prompt)
+        self.chat_template = load_chat_template(override_chat_template)
+        self.pad_token_id = self._pad_token_id(tokenizer)
+        has_template = any(getattr(owner, "chat_template", None) for owner in (tokenizer, processor))
+        if self.chat_template is None and not has_template:
+            raise DataError(
+                f"the tokenizer of {getattr(tokenizer, 'name_or_path', 'the model')} has no chat template; "
+                "use a chat/instruct model or add a chat_template to its tokenizer_config.json"
+            )
+        self.bounds: VisionBounds | None = None
+        self.mrope: MRopeSettings | None = None
+        if processor is not None and getattr(processor, "image_processor", None) is not None:
+            self.bounds = vision_bounds(processor, min_pixels, max_pixels)
+            self.mrope = self._mrope_settings(model_config, tokenizer)
+
+        self.rows = load_rows(self.data_files)
+        self._check_rows()
+        self.indices = list(range(len(self.rows)))
+        if filter_overlong_prompts:
+            self._filter_overlong()
+
+    @classmethod
+    def from_config(
+        cls, config: Any, data_files: str, tokenizer: Any, processor: Any = None, model_config: Any = None
+    ) -> RLDataset:
+        """Build from a ``DataConfig``-like object (attributes named like this class's keyword arguments)."""
+        defaults = {
+            "prompt_key": "prompt",
+            "answer_key": "answer",
+            "image_key": "images",
+            "video_key": "videos",
+            "image_dir": None,
+            "max_prompt_length": 512,
+            "format_prompt": None,
+            "min_pixels": None,
+            "max_pixels": None,
+            "filter_overlong_prompts": True,
+            "video_fps": 2.0,
+            "override_chat_template": None,
+        }
+        options = {name: getattr(config, name, default) for name, default in defaults.items()}
+        return cls(data_files, tokenizer, processor, model_config=model_config, **options)
+
+    @staticmethod
+    def _pad_token_id(tokenizer: Any) -> int:
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if pad is None:
+            raise DataError(
+                f"the tokenizer of {getattr(tokenizer, 'name_or_path', 'the model')} has no pad or eos token"
+            )
+        return int(pad)
+
+    @staticmethod
+    def _mrope_settings(model_config: Any, tokenizer: Any) -> MRopeSettings | None:
+        if model_config is None:
+            from transformers import AutoConfig
+
+            model_config = AutoConfig.from_pretrained(tokenizer.name_or_path)
+        return MRopeSettings.from_model_config(model_config) if is_mrope_config(model_config) else None
+
+    # ------------------------------------------------------------------ checks done once, up front
+
+    def _check_rows(self) -> None:
+        """Cheap checks on every row (keys and value types) so a bad row fails before training starts."""
+        if not self.rows:
+            raise DataError(f"{self.data_files}: the dataset has no rows")
+        for row in self.rows:
+            keys = list(row.data.keys())
+            for key, role in ((self.prompt_key, "prompt_key"), (self.answer_key, "answer_key")):
+                if key not in keys:
+                    raise DataError(f"{row.where}: missing key {key!r} (data.{role}); the row has keys {sorted(keys)}")
+            if isinstance(row.data, _HubRow):
+                continue  # reading hub values decodes images; their types are checked when the row is used
+            if not isinstance(row.data[self.prompt_key], str):
+                raise DataError(
+                    f"{row.where}: {self.prompt_key!r} must be a string, got {row.data[self.prompt_key]!r}"
+                )
+            self._answer(row)
+            has_vision = _as_list(row.data.get(self.image_key)) or _as_list(row.data.get(self.video_key))
+            if has_vision and self.bounds is None:
+                raise DataError(
+                    f"{row.where}: the row has images or videos but the model has no image processor "
+                    "(a text-only model); use a vision-language model or drop the images"
+                )
+
+    def _answer(self, row: Row) -> str:
+        answer = row.data[self.answer_key]
+        if isinstance(answer, str):
+            return answer
+        if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+            return str(answer)
+        raise DataError(f"{row.where}: {self.answer_key!r} must be a string or a number, got {answer!r}")
+
+    def _filter_overlong(self) -> None:
+        kept, dropped = [], []
+        for index in self.indices:
+            (kept if self._prompt_length(self.rows[index]) <= self.max_prompt_length else dropped).append(index)
+        if dropped:
+            shown = ", ".join(self.rows[i].where for i in dropped[:_FILTER_REPORT_ROWS])
+            more = ", ..." if len(dropped) > _FILTER_REPORT_ROWS else ""
+            print(
+                f"[data] filtered {len(dropped)} of {len(self.rows)} prompts longer than "
+                f"max_prompt_length={self.max_prompt_length} tokens in {self.data_files} ({shown}{more})"
+            )
+        if not kept:
+            raise DataError(
+                f"{self.data_files}: every prompt is longer than max_prompt_length={self.max_prompt_length} tokens; "
+                "raise data.max_prompt_length or lower data.max_pixels"
+            )
+        self.indices = kept
+
+    def _prompt_length(self, row: Row) -> int:
+        """Length of the expanded prompt, from image headers when possible (no pixel decoding)."""
+        chat, images, videos = self._chat_prompt(row)
+        if videos:
+            return int(self._encode(row, chat, images, videos)[0].shape[0])
+        length = len(self.tokenizer.encode(chat, add_special_tokens=False))
+        base_dir = self._base_dir(row)
+        for value in images:
+            height, width = target_size(*image_size(value, base_dir, row.where), self.bounds)
+            length += vision_token_count(height, width, self.bounds) - 1
+        return length
+
+    # ------------------------------------------------------------------ building one item
+
+    def _base_dir(self, row: Row) -> Path | None:
+        return self.image_dir if self.image_dir is not None else row.base_dir
+
+    def _chat_prompt(self, row: Row) -> tuple[str, list[Any], list[Any]]:
+        """The chat-formatted prompt text (one placeholder per image/video) and the row's image/video values."""
+        prompt = row.data[self.prompt_key]
+        if not isinstance(prompt, str):
+            raise DataError(f"{row.where}: {self.prompt_key!r} must be a string, got {type(prompt).__name__}")
+        images = _as_list(row.data.get(self.image_key)) if self.image_key in row.data else []
+        videos = _as_list(row.data.get(self.video_key)) if self.video_key in row.data else []
+        if (images or videos) and self.bounds is None:
+            raise DataError(f"{row.where}: the row has images or videos but the model has no image processor")
+        messages = build_messages(render_prompt(self.template, prompt), len(images), len(videos), row.where)
+        owner = self.processor if self.processor is not None else self.tokenizer
+        chat = owner.apply_chat_template(
+            messages, chat_template=self.chat_template, add_generation_prompt=True, tokenize=False
+        )
+        return chat, images, videos
+
+    def _encode(
+        self, row: Row, chat: str, image_values: list[Any], video_values: list[Any]
+    ) -> tuple[torch.Tensor, dict[str, Any], dict[str, torch.Tensor]]:
+        """Expanded ids (L,), the multi-modal data for the rollout engine and the processor tensors."""
+        base_dir = self._base_dir(row)
+        images = [resize_image(load_image(value, base_dir, row.where), self.bounds) for value in image_values]
+        videos = [
+            frames_to_array(
+                [resize_image(frame, self.bounds) for frame in load_video(v, base_dir, row.where, self.video_fps)]
+            )
+            for v in video_values
+        ]
+        kwargs: dict[str, Any] = {}
+        if videos:
+            kwargs["do_sample_frames"] = False  # frames are already sampled at video_fps
+            kwargs["video_metadata"] = [
+                {"fps": self.video_fps, "total_num_frames": len(video), "frames_indices": list(range(len(video)))}
+                for video in videos
+            ]
+        outputs = self.processor(
+            text=[chat],
+            images=images or None,
+            videos=videos or None,
+            add_special_tokens=False,
+            return_tensors="pt",
+            **kwargs,
+        )
+        input_ids = outputs["input_ids"][0]
+        dropped = ("input_ids", "attention_mask", "mm_token_type_ids")
+        inputs = {key: value for key, value in outputs.items() if key not in dropped}
+        data: dict[str, Any] = {}
+        if images:
+            data["images"] = images
+        if videos:
+            data["videos"] = videos
+        return input_ids, data, inputs
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def row(self, index: int) -> Row:
+        """The source row behind item ``index`` (after filtering)."""
+        return self.rows[self.indices[index]]
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        row = self.row(index)
+        chat, image_values, video_values = self._chat_prompt(row)
+        raw_prompt_ids = self.tokenizer.encode(chat, add_special_tokens=False)
+        multi_modal_data: dict[str, Any] = {}
+        multi_modal_inputs: dict[str, torch.Tensor] = {}
+        if image_values or video_values:
+            input_ids, multi_modal_data, multi_modal_inputs = self._encode(row, chat, image_values, video_values)
+            if not video_values:
+                self._check_expansion(row, input_ids, raw_prompt_ids)
+        else:
+            input_ids = torch.tensor(raw_prompt_ids, dtype=torch.long)
+
+        length = int(input_ids.shape[0])
+        if length > self.max_prompt_length:
+            raise DataError(
+                f"{row.where}: the prompt is {length} tokens, longer than max_prompt_length={self.max_prompt_length}; "
+                "raise data.max_prompt_length, lower data.max_pixels, or set data.filter_overlong_prompts=true"
+            )
+        padding = self.max_prompt_length - length
+        padded_ids = torch.cat([torch.full((padding,), self.pad_token_id, dtype=torch.long), input_ids.long()])
+        attention_mask = torch.cat([torch.zeros(padding, dtype=torch.long), torch.ones(length, dtype=torch.long)])
+        try:
+            position_ids = prompt_position_ids(
+                padded_ids,
+                attention_mask,
+                self.mrope,
+                image_grid_thw=multi_modal_inputs.get("image_grid_thw"),
+                video_grid_thw=multi_modal_inputs.get("video_grid_thw"),
+                second_per_grid_ts=multi_modal_inputs.get("second_per_grid_ts"),
+            )
+        except ValueError as error:
+            raise DataError(f"{row.where}: {error}") from error
+        return {
+            "input_ids": padded_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            "raw_prompt_ids": raw_prompt_ids,
+            "multi_modal_data": multi_modal_data,
+            "multi_modal_inputs": multi_modal_inputs,
+            "ground_truth": self._answer(row),
+        }
+
+    def _check_expansion(self, row: Row, input_ids: torch.Tensor, raw_prompt_ids: list[int]) -> None:
+        """The expanded ids with each run of image pads collapsed to one pad must equal the unexpanded ids."""
+        image_token_id = getattr(self.processor, "image_token_id", None)
+        if image_token_id is None and self.mrope is not None:
+            image_token_id = self.mrope.image_token_id
+        ids = input_ids.tolist()
+        collapsed = [
+            token
+            for position, token in enumerate(ids)
+            if not (token == image_token_id and position > 0 and ids[position - 1] == image_token_id)
+        ]
+        if collapsed != raw_prompt_ids:
+            raise DataError(
+                f"{row.where}: the processor's prompt ids do not match the tokenizer's; the chat template or the "
+                "image placeholder tokens of this model are not the Qwen-VL ones this trainer expects"
+            )

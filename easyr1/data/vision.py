@@ -1,0 +1,217 @@
+"""Vision inputs of a dataset row: decode images and video frames, convert to RGB, resize to the model's grid.
+
+Images are resized once, here, to exactly the size the Qwen-VL image processor would choose: both sides a
+multiple of patch_size * merge_size, the pixel count inside [min_pixels, max_pixels], the aspect ratio kept.
+The processor's own resize is then a no-op, so the images handed to the rollout engine and the pixel values
+the actor trains on come from the same pixels.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from easyr1.errors import DataError
+
+
+_MAX_ASPECT_RATIO = 200  # the Qwen-VL processors refuse more extreme images
+_VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".gif")
+
+
+@dataclass(frozen=True)
+class VisionBounds:
+    """How images are sized: sides a multiple of ``factor``, pixel count in [min_pixels, max_pixels]."""
+
+    factor: int
+    min_pixels: int
+    max_pixels: int
+
+    def __post_init__(self) -> None:
+        if self.min_pixels > self.max_pixels:
+            raise DataError(f"min_pixels ({self.min_pixels}) is larger than max_pixels ({self.max_pixels})")
+        if self.max_pixels < self.factor * self.factor:
+            raise DataError(
+                f"max_pixels ({self.max_pixels}) is smaller than one {self.factor}x{self.factor} vision patch; "
+                f"raise it to at least {self.factor * self.factor}"
+            )
+
+
+def vision_bounds(processor: Any, min_pixels: int | None = None, max_pixels: int | None = None) -> VisionBounds:
+    """The image size bounds for ``processor``, narrowed to the dataset's ``min_pixels`` / ``max_pixels``.
+
+    Using the overlap of both ranges keeps the processor's resize a no-op. Raises DataError when they do not
+    overlap, naming the value to change.
+    """
+    image_processor = getattr(processor, "image_processor", processor)
+    factor = int(image_processor.patch_size) * int(image_processor.merge_size)
+    size = getattr(image_processor, "size", None) or {}
+    proc_min = int(size.get("shortest_edge") or getattr(image_processor, "min_pixels", None) or factor * factor)
+    proc_max = int(size.get("longest_edge") or getattr(image_processor, "max_pixels", None) or 1 << 62)
+    low = proc_min if min_pixels is None else max(int(min_pixels), proc_min)
+    high = proc_max if max_pixels is None else min(int(max_pixels), proc_max)
+    if low > high:
+        if min_pixels is not None and int(min_pixels) > proc_max:
+            raise DataError(
+                f"data min_pixels={min_pixels} is larger than the image processor's maximum of {proc_max} pixels "
+                f"(preprocessor size.longest_edge); set min_pixels to at most {proc_max}"
+            )
+        raise DataError(
+            f"data max_pixels={max_pixels} is smaller than the image processor's minimum of {proc_min} pixels "
+            f"(preprocessor size.shortest_edge); set max_pixels to at least {proc_min}"
+        )
+    return VisionBounds(factor=factor, min_pixels=low, max_pixels=high)
+
+
+def smart_resize(height: int, width: int, bounds: VisionBounds) -> tuple[int, int]:
+    """The Qwen-VL resize rule: round both sides to the factor, then scale into the pixel range."""
+    factor = bounds.factor
+    if max(height, width) / min(height, width) > _MAX_ASPECT_RATIO:
+        raise ValueError(f"aspect ratio {max(height, width) / min(height, width):.0f} is above {_MAX_ASPECT_RATIO}")
+    new_height = max(factor, round(height / factor) * factor)
+    new_width = max(factor, round(width / factor) * factor)
+    if new_height * new_width > bounds.max_pixels:
+        scale = math.sqrt(height * width / bounds.max_pixels)
+        new_height = max(factor, math.floor(height / scale / factor) * factor)
+        new_width = max(factor, math.floor(width / scale / factor) * factor)
+    elif new_height * new_width < bounds.min_pixels:
+        scale = math.sqrt(bounds.min_pixels / (height * width))
+        new_height = math.ceil(height * scale / factor) * factor
+        new_width = math.ceil(width * scale / factor) * factor
+    return new_height, new_width
+
+
+def target_size(height: int, width: int, bounds: VisionBounds) -> tuple[int, int]:
+    """A (height, width) that :func:`smart_resize` maps to itself, reached from the image's own size.
+
+    One application usually suffices; near-equal bounds and odd aspect ratios can need a second one (scaling up
+    to reach min_pixels can overshoot max_pixels), and the processor would apply it again.
+    """
+    size = (height, width)
+    for _ in range(8):
+        new_size = smart_resize(*size, bounds)
+        if new_size == size:
+            return size
+        size = new_size
+    return size
+
+
+def resize_image(image: Image.Image, bounds: VisionBounds) -> Image.Image:
+    """``image`` as RGB at its :func:`target_size` (bicubic, like the processors); unchanged if already there."""
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    height, width = target_size(image.height, image.width, bounds)
+    if (height, width) != (image.height, image.width):
+        image = image.resize((width, height), resample=Image.Resampling.BICUBIC)
+    return image
+
+
+def vision_token_count(height: int, width: int, bounds: VisionBounds) -> int:
+    """Number of LLM tokens an image of this (already resized) size becomes."""
+    return (height // bounds.factor) * (width // bounds.factor)
+
+
+def _resolve(path: str, base_dir: Path | None) -> Path:
+    candidate = Path(path).expanduser()
+    if candidate.is_absolute() or base_dir is None:
+        return candidate
+    return base_dir / candidate
+
+
+def _open_image(value: Any, base_dir: Path | None) -> Image.Image:
+    """Decode one image value; raises OSError / ValueError / TypeError with the reason."""
+    if isinstance(value, Image.Image):
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return Image.open(io.BytesIO(bytes(value)))
+    if isinstance(value, Mapping):
+        if value.get("bytes") is not None:
+            return _open_image(value["bytes"], base_dir)
+        if value.get("path"):
+            return _open_image(str(value["path"]), base_dir)
+        raise ValueError(f"an image given as a dict needs a 'bytes' or 'path' entry, got keys {sorted(value)}")
+    if isinstance(value, (str, Path)):
+        path = _resolve(str(value), base_dir)
+        if not path.is_file():
+            raise FileNotFoundError(f"image file {path} does not exist")
+        return Image.open(path)
+    raise TypeError(f"an image must be a path, bytes, a dict with bytes/path, or a PIL image, not {type(value)}")
+
+
+def load_image(value: Any, base_dir: Path | None, where: str) -> Image.Image:
+    """Decode an image (path relative to ``base_dir``, bytes, {"bytes", "path"} dict or PIL) as an RGB image.
+
+    ``where`` names the row in error messages (DataError).
+    """
+    try:
+        image = _open_image(value, base_dir)
+        image.load()
+        return image if image.mode == "RGB" else image.convert("RGB")
+    except DataError:
+        raise
+    except (OSError, ValueError, TypeError, SyntaxError) as error:  # PIL reports broken files in several ways
+        raise DataError(f"{where}: cannot read image {_describe(value)}: {error}") from error
+
+
+def image_size(value: Any, base_dir: Path | None, where: str) -> tuple[int, int]:
+    """(height, width) of an image without decoding its pixels (reads the file header only)."""
+    try:
+        image = _open_image(value, base_dir)
+        return image.height, image.width
+    except (OSError, ValueError, TypeError, SyntaxError) as error:
+        raise DataError(f"{where}: cannot read image {_describe(value)}: {error}") from error
+
+
+def load_video(value: Any, base_dir: Path | None, where: str, fps: float) -> list[Image.Image]:
+    """Frames of a video as RGB images: a list of frame images, a directory of frames, or a video file.
+
+    Video files are decoded with qwen-vl-utils at ``fps`` frames per second; that needs a video decoder
+    (torchvision video, decord or torchcodec) to be installed.
+    """
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes, bytearray)):
+        frames = list(value)
+    elif isinstance(value, (str, Path)) and _resolve(str(value), base_dir).is_dir():
+        folder = _resolve(str(value), base_dir)
+        frames = sorted(path for path in folder.iterdir() if path.suffix.lower() in (".png", ".jpg", ".jpeg"))
+    elif isinstance(value, (str, Path)) and str(value).lower().endswith(_VIDEO_SUFFIXES):
+        return _decode_video_file(_resolve(str(value), base_dir), where, fps)
+    else:
+        raise DataError(
+            f"{where}: a video must be a list of frames, a folder of frames or a video file, got {value!r}"
+        )
+    if not frames:
+        raise DataError(f"{where}: video {_describe(value)} has no frames")
+    return [load_image(frame, base_dir, where) for frame in frames]
+
+
+def _decode_video_file(path: Path, where: str, fps: float) -> list[Image.Image]:
+    if not path.is_file():
+        raise DataError(f"{where}: video file {path} does not exist")
+    try:
+        from qwen_vl_utils import fetch_video
+
+        frames = fetch_video({"video": str(path), "fps": fps})
+    except Exception as error:  # decoders fail in many library-specific ways; report them all the same way
+        raise DataError(f"{where}: cannot decode video {path}: {error}") from error
+    # qwen-vl-utils returns a (T, C, H, W) tensor of 0-255 values
+    array = np.asarray(frames.permute(0, 2, 3, 1).float().clamp(0, 255).round().byte())
+    return [Image.fromarray(frame) for frame in array]
+
+
+def frames_to_array(frames: Sequence[Image.Image]) -> np.ndarray:
+    """Stack equally sized RGB frames into a (T, H, W, 3) uint8 array, the video format processors take."""
+    return np.stack([np.asarray(frame, dtype=np.uint8) for frame in frames])
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, (str, Path)):
+        return repr(str(value))
+    if isinstance(value, Mapping) and value.get("path"):
+        return repr(str(value["path"]))
+    return f"({type(value).__name__})"

@@ -1,0 +1,1 @@
+"""Model helpers: loading Hugging Face models, Qwen-VL m-rope position ids, padding-free forward, LoRA."""

@@ -1,0 +1,135 @@
+"""Build the synthetic "what colour is the shape?" dataset used by the CPU demo and the tests.
+
+Every image shows one circle, square or triangle in red, green, blue or yellow on a white or light grey
+background; the answer is the colour word. ``python -m easyr1.tools.tiny_dataset OUT_DIR`` writes
+``train.jsonl``, ``val.jsonl`` and ``images/*.png``; :func:`ensure_demo_assets` builds the demo model and data
+on first use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+from PIL import Image, ImageDraw
+
+
+PROMPT = "<image>What colour is the shape?"
+SHAPES = ("circle", "square", "triangle")
+COLOURS = ("red", "green", "blue", "yellow")
+_RGB = {"red": (220, 30, 30), "green": (30, 170, 40), "blue": (30, 60, 220), "yellow": (235, 210, 20)}
+_COLOUR_JITTER = 20  # per channel, so the model cannot key on one exact pixel value
+_MARKER = ".complete"
+
+
+def _jitter(value: int, rng: random.Random) -> int:
+    return max(0, min(255, value + rng.randint(-_COLOUR_JITTER, _COLOUR_JITTER)))
+
+
+def draw_shape(shape: str, colour: str, image_size: int, rng: random.Random) -> Image.Image:
+    """One RGB image of ``shape`` in ``colour``: side 0.5-0.9 of the image, placed fully inside at random."""
+    background = 255 if rng.random() < 0.5 else rng.randint(215, 235)
+    image = Image.new("RGB", (image_size, image_size), (background,) * 3)
+    side = rng.randint(round(0.5 * image_size), round(0.9 * image_size))
+    left = rng.randint(0, image_size - side)
+    top = rng.randint(0, image_size - side)
+    box = (left, top, left + side - 1, top + side - 1)
+    fill = tuple(_jitter(channel, rng) for channel in _RGB[colour])
+    draw = ImageDraw.Draw(image)
+    if shape == "circle":
+        draw.ellipse(box, fill=fill)
+    elif shape == "square":
+        draw.rectangle(box, fill=fill)
+    elif shape == "triangle":
+        draw.polygon([(left + (side - 1) / 2, top), (box[2], box[3]), (left, box[3])], fill=fill)
+    else:
+        raise ValueError(f"unknown shape {shape!r}; choose one of {SHAPES}")
+    return image
+
+
+def _write_split(out_dir: Path, split: str, count: int, seed: int, image_size: int) -> None:
+    # A string seed gives each split its own stream that does not depend on the other split's size.
+    rng = random.Random(f"shapes-{split}-{seed}")
+    colours = [COLOURS[i % len(COLOURS)] for i in range(count)]  # balanced up to one sample per colour
+    rng.shuffle(colours)
+    lines = []
+    for index, colour in enumerate(colours):
+        shape = SHAPES[rng.randrange(len(SHAPES))]
+        relative_path = f"images/{split}_{index:05d}.png"
+        draw_shape(shape, colour, image_size, rng).save(out_dir / relative_path, format="PNG")
+        lines.append(json.dumps({"problem": PROMPT, "answer": colour, "images": [relative_path]}))
+    (out_dir / f"{split}.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
+def build_shape_dataset(
+    out_dir: str | Path, num_train: int = 2048, num_val: int = 128, seed: int = 0, image_size: int = 56
+) -> Path:
+    """Write ``train.jsonl``, ``val.jsonl`` and ``images/`` into ``out_dir``; the same seed gives the same bytes."""
+    if num_train < 0 or num_val < 0:
+        raise ValueError(f"sample counts must be >= 0, got num_train={num_train}, num_val={num_val}")
+    if image_size < 8:
+        raise ValueError(f"image_size must be at least 8 pixels, got {image_size}")
+    out_dir = Path(out_dir)
+    (out_dir / "images").mkdir(parents=True, exist_ok=True)
+    _write_split(out_dir, "train", num_train, seed, image_size)
+    _write_split(out_dir, "val", num_val, seed, image_size)
+    return out_dir
+
+
+def _build_once(target: Path, build) -> Path:
+    """Run ``build(tmp_dir)`` unless ``target`` is complete; publish the result with a rename.
+
+    The marker file is written last and the directory appears under its final name only when complete, so an
+    interrupted build is never mistaken for a finished one.
+    """
+    if (target / _MARKER).exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    build(tmp)
+    (tmp / _MARKER).write_text("complete\n", encoding="utf-8")
+    if target.exists():  # a half-built leftover from an older, interrupted run
+        shutil.rmtree(target)
+    try:
+        os.replace(tmp, target)
+    except OSError:
+        # Another process published the same assets first; theirs are equivalent (same seed), keep them.
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (target / _MARKER).exists():
+            raise
+    return target
+
+
+def ensure_demo_assets(root: str | Path = ".cache/demo", family: str = "qwen2_5_vl") -> tuple[Path, Path]:
+    """Build the tiny ``family`` model and the shape dataset under ``root`` if missing; return (model, data) dirs.
+
+    The model goes to ``root/model/<family>``, the data to ``root/data`` (``train.jsonl``, ``val.jsonl``, images).
+    """
+    from easyr1.tools.tiny_model import build_tiny_model
+
+    root = Path(root)
+    model_dir = _build_once(root / "model" / family, lambda path: build_tiny_model(path, family=family))
+    data_dir = _build_once(root / "data", build_shape_dataset)
+    return model_dir, data_dir
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line entry point: build the shape dataset."""
+    parser = argparse.ArgumentParser(description="Build the synthetic shape-colour dataset.")
+    parser.add_argument("out_dir", help="directory to write train.jsonl, val.jsonl and images/ into")
+    parser.add_argument("--num-train", type=int, default=2048, help="number of training rows")
+    parser.add_argument("--num-val", type=int, default=128, help="number of validation rows")
+    parser.add_argument("--seed", type=int, default=0, help="random seed")
+    parser.add_argument("--image-size", type=int, default=56, help="side of the square images in pixels")
+    args = parser.parse_args(argv)
+    path = build_shape_dataset(args.out_dir, args.num_train, args.num_val, args.seed, args.image_size)
+    print(f"wrote {args.num_train} training and {args.num_val} validation rows to {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,330 @@
+"""Build a tiny, randomly initialised Qwen-VL model directory that loads like a real checkpoint.
+
+The directory holds a model (fp32 safetensors), a byte-level BPE tokenizer trained here on a few KB of text
+(about 350 tokens, Qwen's special tokens and chat template), a processor with small image sizes and a
+generation config. Tests, the CPU demo and the examples use it instead of downloading a checkpoint:
+``python -m easyr1.tools.tiny_model OUT_DIR [--family qwen2_5_vl] [--seed 0]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, ProcessorMixin, Qwen2Tokenizer
+
+
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+
+# Qwen's special tokens, in Qwen's order; they take the ids right after the BPE vocabulary, as in Qwen.
+SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+BPE_VOCAB_SIZE = 336  # + 14 special tokens = 350, the size at which the demo task is known to be learnable
+COLOUR_WORDS = ("red", "green", "blue", "yellow")
+
+# Qwen2's pre-tokenizer split: letters stay together (with at most one leading non-letter such as a space),
+# every digit is its own piece, so digits are single tokens whatever the merges are.
+QWEN_SPLIT_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
+    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+# The Qwen2-VL chat format: a default system message, one <|im_start|>role ... <|im_end|> block per message,
+# an image content part rendered as <|vision_start|><|image_pad|><|vision_end|> (the processor expands the pad).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    "{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}"
+    "{{ message['content'] }}"
+    "{% else %}"
+    "{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' or 'image' in part or 'image_url' in part %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif part['type'] == 'video' or 'video' in part %}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in part %}"
+    "{{ part['text'] }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% endif %}"
+    "<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}"
+    "<|im_start|>assistant\n"
+    "{% endif %}"
+)
+
+# Per family: vision patch size and the processor's pixel bounds (4 to 16 image tokens per image).
+_FAMILY_SETTINGS = {
+    "qwen2_vl": {"patch_size": 14, "min_pixels": 56 * 56, "max_pixels": 112 * 112},
+    "qwen2_5_vl": {"patch_size": 14, "min_pixels": 56 * 56, "max_pixels": 112 * 112},
+    "qwen3_vl": {"patch_size": 16, "min_pixels": 64 * 64, "max_pixels": 128 * 128},
+}
+
+
+def _training_text() -> str:
+    """A few KB of text covering the demo prompts, the format prompts and the chat template's fixed parts.
+
+    Colour words are repeated often, with and without a leading space, so that BPE merges each into one token.
+    """
+    from easyr1.tools.tiny_dataset import COLOURS, PROMPT, SHAPES
+
+    template_parts = ["You are a helpful assistant.", "system\nuser\nassistant\n"] * 8
+    lines = [
+        *template_parts,
+        PROMPT,
+        PROMPT.replace("<image>", ""),
+        "What colour is the shape? What color is the shape? The shape is",
+        "A question about the image. Look at the image and answer the question.",
+        "First think about the problem step by step inside <think> </think> tags,",
+        "then give the final answer inside \\boxed{} or inside <answer> </answer> tags.",
+        "Solve the following problem. The answer is a number.",
+        "What is 3 + 4? What is 12 - 5? What is 6 * 7? Compute 81 / 9 and 2 + 2 = 4.",
+        "circle square triangle shape image picture colour color background white grey",
+        "The answer is 0 1 2 3 4 5 6 7 8 9 10 11 12 100 2048.",
+        "Hello world! This is a tiny tokenizer for tests; it is small, fast and offline.",
+    ]
+    for shape in SHAPES:
+        for colour in COLOURS:
+            lines.append(f"The {shape} is {colour}. {colour}\n{colour} {shape}: {colour}, {colour}!")
+    for colour in COLOUR_WORDS:
+        lines.append(" ".join([colour] * 12))
+        lines.append("\n".join([colour] * 12))
+    return "\n".join(lines * 2) + "\n"
+
+
+def build_tokenizer() -> Qwen2Tokenizer:
+    """Train the tiny byte-level BPE tokenizer and wrap it as the Qwen2 tokenizer class transformers uses."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import AddedToken, Qwen2Tokenizer
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=BPE_VOCAB_SIZE,
+        min_frequency=2,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_training_text().splitlines(keepends=True), trainer=trainer)
+    state = json.loads(tokenizer.to_str())
+    vocab: dict[str, int] = state["model"]["vocab"]
+    merges = [
+        tuple(merge) if isinstance(merge, list) else tuple(merge.split(" ")) for merge in state["model"]["merges"]
+    ]
+
+    base_size = len(vocab)
+    # Give the special tokens their ids in the vocabulary itself: the constructor registers eos/pad first, which
+    # would otherwise put them out of Qwen's order.
+    full_vocab = {**vocab, **{token: base_size + i for i, token in enumerate(SPECIAL_TOKENS)}}
+    qwen_tokenizer = Qwen2Tokenizer(
+        vocab=full_vocab,
+        merges=merges,
+        unk_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        extra_special_tokens=[token for token in SPECIAL_TOKENS if token not in ("<|im_end|>", "<|endoftext|>")],
+        model_max_length=8192,
+    )
+    qwen_tokenizer.add_tokens([AddedToken(token, special=True, normalized=False) for token in SPECIAL_TOKENS])
+    qwen_tokenizer.chat_template = CHAT_TEMPLATE
+    _check_tokenizer(qwen_tokenizer, base_size=base_size)
+    return qwen_tokenizer
+
+
+def _check_tokenizer(tokenizer: Qwen2Tokenizer, base_size: int) -> None:
+    """Fail loudly if training did not give the properties the demo and the tests rely on."""
+    ids = [tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS]
+    if ids != list(range(base_size, base_size + len(SPECIAL_TOKENS))):
+        raise RuntimeError(f"special tokens did not get contiguous ids after the BPE vocabulary: {ids}")
+    for word in COLOUR_WORDS:
+        for text in (word, " " + word):
+            pieces = tokenizer.encode(text, add_special_tokens=False)
+            if len(pieces) != 1:
+                raise RuntimeError(f"{text!r} is not a single token in the tiny tokenizer: {pieces}")
+
+
+def _model_config(family: str, tokenizer: Qwen2Tokenizer) -> PretrainedConfig:
+    """The transformers config of the tiny model for ``family``, with token ids taken from ``tokenizer``."""
+    from transformers import Qwen2_5_VLConfig, Qwen2VLConfig, Qwen3VLConfig
+
+    token_ids = {
+        "image_token_id": tokenizer.convert_tokens_to_ids("<|image_pad|>"),
+        "video_token_id": tokenizer.convert_tokens_to_ids("<|video_pad|>"),
+        "vision_start_token_id": tokenizer.convert_tokens_to_ids("<|vision_start|>"),
+        "vision_end_token_id": tokenizer.convert_tokens_to_ids("<|vision_end|>"),
+    }
+    eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    text = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,  # head_dim 32: vLLM's CPU attention needs head_dim >= 32
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-6,
+        "bos_token_id": pad_id,
+        "eos_token_id": eos_id,
+        "pad_token_id": pad_id,
+        "dtype": "float32",
+    }
+    patch_size = _FAMILY_SETTINGS[family]["patch_size"]
+    common = {"tie_word_embeddings": False, "dtype": "float32", **token_ids}
+    if family == "qwen2_vl":
+        # mrope_section splits the 16 rotary frequencies of head_dim 32 into (t, h, w) like Qwen's [16, 24, 24].
+        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [4, 6, 6]}
+        vision = {
+            "depth": 2,
+            "embed_dim": 64,
+            "hidden_size": 128,  # Qwen2-VL's merger output width = the language model's hidden size
+            "num_heads": 2,
+            "mlp_ratio": 2,
+            "patch_size": patch_size,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+        }
+        return Qwen2VLConfig(text_config=text, vision_config=vision, **common)
+    if family == "qwen2_5_vl":
+        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [4, 6, 6]}
+        vision = {
+            "depth": 2,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_heads": 2,
+            "out_hidden_size": 128,
+            "patch_size": patch_size,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "tokens_per_second": 2,
+            "window_size": 112,
+            "fullatt_block_indexes": [1],  # one windowed block, one full-attention block, like Qwen2.5-VL
+        }
+        return Qwen2_5_VLConfig(text_config=text, vision_config=vision, **common)
+    if family == "qwen3_vl":
+        text["head_dim"] = 32
+        text["rope_parameters"] = {
+            "rope_type": "default",
+            "rope_theta": 5_000_000.0,
+            "mrope_section": [6, 5, 5],  # Qwen3-VL's [24, 20, 20] scaled to 16 frequencies
+            "mrope_interleaved": True,  # transformers always interleaves for Qwen3-VL; vLLM reads this flag
+        }
+        vision = {
+            "depth": 2,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_heads": 2,
+            "out_hidden_size": 128,
+            "patch_size": patch_size,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "num_position_embeddings": 256,  # a 16x16 grid, interpolated to the image grid
+            "deepstack_visual_indexes": [0],  # one deepstack feature, injected into the first decoder layer
+        }
+        return Qwen3VLConfig(text_config=text, vision_config=vision, **common)
+    raise ValueError(f"unknown model family {family!r}; choose one of {', '.join(FAMILIES)}")
+
+
+def _processor(family: str, tokenizer: Qwen2Tokenizer) -> ProcessorMixin:
+    """The AutoProcessor-loadable processor for ``family`` with small image sizes."""
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen3VLProcessor
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    settings = _FAMILY_SETTINGS[family]
+    size = {"shortest_edge": settings["min_pixels"], "longest_edge": settings["max_pixels"]}
+    vision = {"patch_size": settings["patch_size"], "temporal_patch_size": 2, "merge_size": 2}
+    if family == "qwen3_vl":
+        # Qwen3-VL normalises with mean = std = 0.5 instead of CLIP's statistics.
+        half = [0.5, 0.5, 0.5]
+        image_processor = Qwen2VLImageProcessor(size=size, image_mean=half, image_std=half, **vision)
+        video_processor = Qwen3VLVideoProcessor(
+            size={"shortest_edge": settings["min_pixels"], "longest_edge": 4 * settings["max_pixels"]},
+            image_mean=half,
+            image_std=half,
+            fps=2,
+            min_frames=2,
+            max_frames=16,
+            cap_pixels_per_frame=True,
+            **vision,
+        )
+        return Qwen3VLProcessor(image_processor, tokenizer, video_processor, chat_template=CHAT_TEMPLATE)
+    image_processor = Qwen2VLImageProcessor(size=size, **vision)
+    video_processor = Qwen2VLVideoProcessor(
+        size=size, min_frames=2, max_frames=16, cap_pixels_per_frame=True, **vision
+    )
+    processor_class = Qwen2VLProcessor if family == "qwen2_vl" else Qwen2_5_VLProcessor
+    return processor_class(image_processor, tokenizer, video_processor, chat_template=CHAT_TEMPLATE)
+
+
+def build_tiny_model(out_dir: str | Path, family: str = "qwen2_5_vl", seed: int = 0) -> Path:
+    """Write a tiny random ``family`` model, its tokenizer, processor and generation config into ``out_dir``.
+
+    The same seed gives byte-identical weights. Returns ``out_dir`` as a Path.
+    """
+    from transformers import AutoModelForImageTextToText, GenerationConfig
+
+    if family not in FAMILIES:
+        raise ValueError(f"unknown model family {family!r}; choose one of {', '.join(FAMILIES)}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer()
+    config = _model_config(family, tokenizer)
+
+    # Seed a private generator state so building a model does not disturb the caller's random stream.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=[eos_id, pad_id], pad_token_id=pad_id)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    _processor(family, tokenizer).save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line entry point: build a tiny model directory."""
+    parser = argparse.ArgumentParser(description="Build a tiny random Qwen-VL model directory for tests and demos.")
+    parser.add_argument("out_dir", help="directory to write the model into (created if missing)")
+    parser.add_argument("--family", default="qwen2_5_vl", choices=FAMILIES, help="model architecture")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    args = parser.parse_args(argv)
+    path = build_tiny_model(args.out_dir, family=args.family, seed=args.seed)
+    print(f"wrote a tiny {args.family} model to {path}")
+
+
+if __name__ == "__main__":
+    main()

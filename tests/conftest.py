@@ -1,0 +1,49 @@
+"""Shared fixtures: tiny models and the shape dataset, built once per test session into a temporary folder.
+
+- ``tiny_model_dir(family)``: factory returning the directory of a tiny ``qwen2_vl`` / ``qwen2_5_vl`` /
+  ``qwen3_vl`` model (seed 0), built on first request and reused afterwards.
+- ``tiny_qwen2_5_vl_dir``: the Qwen2.5-VL one.
+- ``tiny_dataset_dir``: the shape dataset with 64 training and 16 validation rows of 56x56 images.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+
+# Tests run on a 2-core machine; more threads than cores only makes timings noisy.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Factory: ``tiny_model_dir("qwen3_vl")`` -> path of a tiny model of that family (cached per session)."""
+    from easyr1.tools.tiny_model import build_tiny_model
+
+    root = tmp_path_factory.mktemp("tiny_models")
+    built: dict[str, Path] = {}
+
+    def get(family: str = "qwen2_5_vl") -> Path:
+        if family not in built:
+            built[family] = build_tiny_model(root / family, family=family, seed=0)
+        return built[family]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_5_vl_dir(tiny_model_dir: Callable[[str], Path]) -> Path:
+    """Directory of the tiny Qwen2.5-VL model (seed 0)."""
+    return tiny_model_dir("qwen2_5_vl")
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Directory with ``train.jsonl`` (64 rows), ``val.jsonl`` (16 rows) and ``images/`` of the shape task."""
+    from easyr1.tools.tiny_dataset import build_shape_dataset
+
+    return build_shape_dataset(tmp_path_factory.mktemp("shapes"), num_train=64, num_val=16, seed=0)

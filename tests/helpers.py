@@ -1,0 +1,77 @@
+"""Helpers shared by the integration tests: a local Ray cluster and training batches built from real data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from easyr1.config import PPOConfig, load_config
+from easyr1.data import RLDataset, collate_fn
+from easyr1.models.loading import load_model_config, load_tokenizer_and_processor
+from easyr1.protocol import Batch
+from easyr1.workers.rollout.base import pack_responses
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def start_ray(num_cpus: int = 4) -> None:
+    """A small local Ray cluster for one test module (a small object store; no dashboard; no auth token)."""
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=num_cpus,
+            object_store_memory=256 * 1024**2,
+            include_dashboard=False,
+            logging_level="WARNING",
+            # test modules define worker classes; the workers import them from here
+            runtime_env={
+                "env_vars": {"RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "tests")}
+            },
+        )
+
+
+def demo_config(model_dir: Path, data_dir: Path, *overrides: str) -> PPOConfig:
+    """``examples/config_cpu.yaml`` pointed at a test model and dataset, with overrides."""
+    return load_config(
+        [
+            f"config={REPO / 'examples' / 'config_cpu.yaml'}",
+            f"worker.actor.model.model_path={model_dir}",
+            f"data.train_files={data_dir / 'train.jsonl'}",
+            f"data.val_files={data_dir / 'val.jsonl'}",
+            f"worker.reward.reward_function={REPO / 'reward_function' / 'shape_color.py'}:compute_score",
+            *overrides,
+        ]
+    )
+
+
+def prompt_batch(model_dir: Path, data_dir: Path, count: int, max_prompt_length: int = 64) -> Batch:
+    """The first ``count`` prompts of the dataset, collated."""
+    tokenizer, processor = load_tokenizer_and_processor(str(model_dir))
+    dataset = RLDataset(
+        str(data_dir / "train.jsonl"),
+        tokenizer,
+        processor,
+        prompt_key="problem",
+        answer_key="answer",
+        max_prompt_length=max_prompt_length,
+        min_pixels=3136,
+        max_pixels=3136,
+        model_config=load_model_config(str(model_dir)),
+    )
+    return collate_fn([dataset[i] for i in range(count)])
+
+
+def training_batch(model_dir: Path, data_dir: Path, count: int, response_length: int = 6, seed: int = 0) -> Batch:
+    """Prompts with random responses of random lengths, random advantages and perturbed old log-probs."""
+    generator = torch.Generator().manual_seed(seed)
+    prompts = prompt_batch(model_dir, data_dir, count)
+    lengths = torch.randint(1, response_length + 1, (count,), generator=generator).tolist()
+    responses = [torch.randint(0, 300, (length,), generator=generator).tolist() for length in lengths]
+    batch = pack_responses(prompts, responses, [[0.0] * len(r) for r in responses], response_length, pad_token_id=0)
+    batch["advantages"] = torch.randn(count, response_length, generator=generator) * batch["response_mask"]
+    return batch

@@ -1,0 +1,42 @@
+import json
+import math
+
+import pytest
+
+from easyr1.errors import ConfigError
+from easyr1.logging import build_trackers
+from easyr1.logging.trackers import ConsoleTracker, FileTracker
+
+
+def test_file_tracker_writes_one_json_object_per_step(tmp_path):
+    tracker = FileTracker(tmp_path / "run")
+    tracker.log({"reward/overall": 0.5, "actor/grad_norm": float("nan")}, step=1)
+    tracker.log({"reward/overall": 0.75}, step=2)
+    tracker.close()
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [record["step"] for record in records] == [1, 2]
+    assert records[0]["reward/overall"] == 0.5 and records[1]["reward/overall"] == 0.75
+    assert math.isnan(float(records[0]["actor/grad_norm"]))
+
+
+def test_file_tracker_appends_on_restart(tmp_path):
+    for step in (1, 2):
+        tracker = FileTracker(tmp_path)
+        tracker.log({"a": float(step)}, step=step)
+        tracker.close()
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_console_tracker_prints_headline_numbers():
+    lines = []
+    ConsoleTracker(print_fn=lambda text, flush: lines.append(text)).log(
+        {"reward/overall": 0.25, "timing/step": 1.5, "unlisted": 3.0}, step=7
+    )
+    assert lines == ["step 7 | reward 0.25 | s/step 1.5"]
+
+
+def test_unknown_tracker_is_a_config_error(tmp_path):
+    assert len(build_trackers(["console", "file"], tmp_path)) == 2
+    with pytest.raises(ConfigError, match="trainer.logger"):
+        build_trackers(["nope"], tmp_path)
