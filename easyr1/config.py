@@ -985,3 +985,31 @@ def to_yaml(config: PPOConfig) -> str:
             section = section[part]
         del section[last]
     return yaml.safe_dump(tree, sort_keys=False, allow_unicode=True)
+
+
+# Settings this version accepts (so EasyR1 configs load) but does not act on yet, with their neutral values.
+_NOT_YET_ACTIVE: dict[str, Any] = {
+    "data.mini_rollout_batch_size": None,
+    "algorithm.online_filtering": False,
+    "worker.actor.padding_free": False,
+    "worker.actor.dynamic_batching": False,
+    "worker.actor.ulysses_size": 1,
+    "worker.actor.use_torch_compile": False,
+    "worker.actor.model.lora.rank": 0,
+    "worker.actor.fsdp.enable_rank0_init": False,
+    "worker.actor.offload.offload_params": False,
+    "worker.actor.offload.offload_optimizer": False,
+    "trainer.val_before_train": False,
+    "trainer.val_only": False,
+    "trainer.load_checkpoint_path": None,
+}
+_NOT_YET_ACTIVE_IF_POSITIVE = ("trainer.val_freq", "trainer.save_freq")
+
+
+def inactive_settings(config: PPOConfig) -> list[str]:
+    """Keys set to a value this version accepts but does not act on yet (printed as a warning at start-up)."""
+    inactive = [
+        f"{key}={_get_key(config, key)}" for key, neutral in _NOT_YET_ACTIVE.items() if _get_key(config, key) != neutral
+    ]
+    inactive += [f"{key}={_get_key(config, key)}" for key in _NOT_YET_ACTIVE_IF_POSITIVE if _get_key(config, key) > 0]
+    return inactive

@@ -23,7 +23,7 @@ def init_ray(num_workers: int) -> None:
     env_vars = {
         "TOKENIZERS_PARALLELISM": "false",
         "RAY_AUTH_MODE": "disabled",
-        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
         "TRANSFORMERS_VERBOSITY": os.environ.get("TRANSFORMERS_VERBOSITY", "error"),
         "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "ignore"),
         "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0"),
@@ -61,10 +61,13 @@ def read_model_config(model_path: str) -> dict:
 
 def run(argv: list[str]) -> list[dict[str, float]]:
     """Load the config from ``argv``, train, and return every step's metrics."""
-    from easyr1.config import check_against_model, load_config
+    from easyr1.config import check_against_model, inactive_settings, load_config
     from easyr1.tools.demo import prepare_demo_assets
 
     config = load_config(argv)
+    inactive = inactive_settings(config)
+    if inactive:
+        print(f"easyr1: warning: these settings have no effect in this version: {', '.join(inactive)}", file=sys.stderr)
     prepare_demo_assets(config)
     check_against_model(config, read_model_config(config.worker.actor.model.model_path))
     init_ray(config.trainer.nnodes * config.trainer.n_gpus_per_node)

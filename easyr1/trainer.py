@@ -25,6 +25,7 @@ from easyr1.algorithms import compute_advantages, masked_mean
 from easyr1.config import PPOConfig
 from easyr1.data import RLDataset, collate_fn
 from easyr1.distributed import WorkerGroup
+from easyr1.distributed.worker import device_type, pick_backend
 from easyr1.errors import UserError
 from easyr1.logging import build_trackers
 from easyr1.models.loading import load_model_config, load_tokenizer_and_processor
@@ -85,13 +86,15 @@ class Trainer:
             config.worker.reward.reward_type,
         )
         num_workers = config.trainer.nnodes * config.trainer.n_gpus_per_node
-        on_gpu = torch.cuda.is_available()
+        device = device_type(config.trainer.device)
         self.workers = WorkerGroup(
             HybridWorker,
             num_workers,
             init_args=(config,),
-            gpus_per_worker=1 if on_gpu else 0,
-            threads_per_worker=max(1, (os.cpu_count() or 1) // num_workers) if not on_gpu else 8,
+            gpus_per_worker=1 if device == "cuda" else 0,
+            # on CPU the workers share the cores; more threads than cores only adds contention
+            threads_per_worker=max(1, (os.cpu_count() or 1) // num_workers) if device == "cpu" else 8,
+            backend=pick_backend(device),
         )
         self.workers.run_all("init_models")
 

@@ -12,9 +12,16 @@ import torch
 import torch.distributed as dist
 
 
-def pick_backend() -> str:
-    """The collective backend for this machine: nccl when CUDA is usable, gloo otherwise."""
-    return "nccl" if torch.cuda.is_available() else "gloo"
+def device_type(preference: str = "auto") -> str:
+    """``cuda`` or ``cpu``: ``auto`` picks CUDA when it is usable (``trainer.device``)."""
+    if preference == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return preference
+
+
+def pick_backend(device: str = "auto") -> str:
+    """The collective backend for a device: nccl for CUDA, gloo for CPU."""
+    return "nccl" if device_type(device) == "cuda" else "gloo"
 
 
 class Worker:

@@ -44,7 +44,7 @@ def prepare_demo_assets(config: Any) -> None:
     model_path = config.worker.actor.model.model_path
     if not (_inside(model_path, DEMO_ROOT) or _inside(config.data.train_files, DEMO_ROOT)):
         return
-    family = Path(model_path).name.removeprefix("tiny-") if _inside(model_path, DEMO_ROOT) else "qwen2_5_vl"
+    family = Path(model_path).name if _inside(model_path, DEMO_ROOT) else "qwen2_5_vl"
     ensure_demo_assets(DEMO_ROOT, family=family)
 
 
@@ -101,9 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     first, last = summarize(history)
     label = "demo-control" if args.shuffle_images else "demo"
-    print(
-        f"{label}: reward_first={first:.3f} reward_last={last:.3f} steps={len(history)} seconds={time.time() - start:.0f}"
-    )
+    seconds = time.time() - start
+    print(f"{label}: reward_first={first:.3f} reward_last={last:.3f} steps={len(history)} seconds={seconds:.0f}")
     return 0
 
 

@@ -12,9 +12,10 @@ import time
 from typing import Any
 
 import torch
+import transformers
 
 from easyr1.distributed.fsdp import data_parallel_mesh, full_tensor, shard_model
-from easyr1.distributed.worker import Worker
+from easyr1.distributed.worker import Worker, device_type
 from easyr1.models.loading import load_model, load_tokenizer_and_processor, resolve_dtype
 from easyr1.protocol import Batch
 from easyr1.workers.actor import Actor
@@ -54,7 +55,8 @@ class HybridWorker(Worker):
         config = self.config
         actor_config = config.worker.actor
         model_config = actor_config.model
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = device_type(config.trainer.device)
+        transformers.utils.logging.disable_progress_bar()  # one bar per worker per load is noise
         dtype = resolve_dtype(actor_config.fsdp.torch_dtype, self.device)
         torch.manual_seed(config.trainer.seed)
         mesh = data_parallel_mesh(self.device)
