@@ -991,6 +991,7 @@ def to_yaml(config: PPOConfig) -> str:
 _NOT_YET_ACTIVE: dict[str, Any] = {
     "data.mini_rollout_batch_size": None,
     "algorithm.online_filtering": False,
+    "algorithm.kl_type": "fixed",
     "worker.actor.padding_free": False,
     "worker.actor.dynamic_batching": False,
     "worker.actor.ulysses_size": 1,
@@ -1008,8 +1009,7 @@ _NOT_YET_ACTIVE_IF_POSITIVE = ("trainer.val_freq", "trainer.save_freq")
 
 def inactive_settings(config: PPOConfig) -> list[str]:
     """Keys set to a value this version accepts but does not act on yet (printed as a warning at start-up)."""
-    inactive = [
-        f"{key}={_get_key(config, key)}" for key, neutral in _NOT_YET_ACTIVE.items() if _get_key(config, key) != neutral
-    ]
-    inactive += [f"{key}={_get_key(config, key)}" for key in _NOT_YET_ACTIVE_IF_POSITIVE if _get_key(config, key) > 0]
+    values = {key: _get_key(config, key) for key in [*_NOT_YET_ACTIVE, *_NOT_YET_ACTIVE_IF_POSITIVE]}
+    inactive = [f"{key}={values[key]}" for key, neutral in _NOT_YET_ACTIVE.items() if values[key] != neutral]
+    inactive += [f"{key}={values[key]}" for key in _NOT_YET_ACTIVE_IF_POSITIVE if values[key] > 0]
     return inactive

@@ -67,7 +67,9 @@ def run(argv: list[str]) -> list[dict[str, float]]:
     config = load_config(argv)
     inactive = inactive_settings(config)
     if inactive:
-        print(f"easyr1: warning: these settings have no effect in this version: {', '.join(inactive)}", file=sys.stderr)
+        print(
+            f"easyr1: warning: these settings have no effect in this version: {', '.join(inactive)}", file=sys.stderr
+        )
     prepare_demo_assets(config)
     check_against_model(config, read_model_config(config.worker.actor.model.model_path))
     init_ray(config.trainer.nnodes * config.trainer.n_gpus_per_node)

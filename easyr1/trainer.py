@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 from tqdm import tqdm
 
-from easyr1.algorithms import compute_advantages, masked_mean
+from easyr1.algorithms import compute_advantages, kl_penalty, masked_mean
 from easyr1.config import PPOConfig
 from easyr1.data import RLDataset, collate_fn
 from easyr1.distributed import WorkerGroup
@@ -33,6 +33,10 @@ from easyr1.protocol import Batch
 from easyr1.workers.hybrid_worker import HybridWorker
 from easyr1.workers.reward import load_reward_function
 from easyr1.workers.reward_actor import RewardActor
+
+
+# What the actor's forward needs; the rest of the batch (images for vLLM, strings) stays on the driver.
+ACTOR_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "multi_modal_inputs")
 
 
 @contextmanager
@@ -150,13 +154,25 @@ class Trainer:
 
         # 3. Old (and reference) log-probs.
         with timed(timings, "old"):
-            batch = batch.union(self.workers.run_split("compute_old_log_probs", batch, rollout.temperature))
+            batch = batch.union(
+                self.workers.run_split("compute_old_log_probs", batch.select(*ACTOR_FIELDS), rollout.temperature)
+            )
         if not algorithm.disable_kl:
             with timed(timings, "ref"):
-                batch = batch.union(self.workers.run_split("compute_ref_log_probs", batch, rollout.temperature))
+                batch = batch.union(
+                    self.workers.run_split("compute_ref_log_probs", batch.select(*ACTOR_FIELDS), rollout.temperature)
+                )
         with timed(timings, "reward"):
             scores, sub_scores = self._wait_for_reward(reward_future)
-        batch["token_level_rewards"] = place_scores_on_last_token(scores, batch["response_mask"])
+        batch["token_level_scores"] = place_scores_on_last_token(scores, batch["response_mask"])
+        batch["token_level_rewards"] = batch["token_level_scores"]
+        kl_metrics = {}
+        if not algorithm.disable_kl and not algorithm.use_kl_loss:
+            # KL in the reward (EasyR1's default): r_t = score_t - kl_coef * KL_t(policy || reference)
+            kl = kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], algorithm.kl_penalty)
+            kl = kl * batch["response_mask"]
+            batch["token_level_rewards"] = batch["token_level_scores"] - algorithm.kl_coef * kl
+            kl_metrics = {"actor/reward_kl": masked_mean(kl, batch["response_mask"]).item()}
 
         # 4. Advantages.
         with timed(timings, "adv"):
@@ -172,12 +188,15 @@ class Trainer:
         # 5. Policy update: each worker updates on its share in mini-batches of global_batch_size prompts.
         num_workers = self.workers.num_workers
         mini_batch_size = config.worker.actor.global_batch_size * rollout.n // num_workers
+        update_fields = [*ACTOR_FIELDS, "old_log_probs", "advantages"]
+        if "ref_log_probs" in batch:
+            update_fields.append("ref_log_probs")
         with timed(timings, "update"):
             worker_metrics = self.workers.run_split(
-                "update_actor", self._training_fields(batch), rollout.temperature, mini_batch_size
+                "update_actor", batch.select(*update_fields), rollout.temperature, mini_batch_size
             )
         timings["step"] = time.perf_counter() - step_start
-        return self._step_metrics(batch, scores, sub_scores, worker_metrics, timings)
+        return {**self._step_metrics(batch, scores, sub_scores, worker_metrics, timings), **kl_metrics}
 
     # -------------------------------------------------------------------------------------------- helpers
     def _sampling_settings(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -213,21 +232,6 @@ class Trainer:
             if isinstance(error.cause, UserError):
                 raise error.cause from None
             raise
-
-    @staticmethod
-    def _training_fields(batch: Batch) -> Batch:
-        keys = [
-            "input_ids",
-            "attention_mask",
-            "position_ids",
-            "responses",
-            "response_mask",
-            "old_log_probs",
-            "ref_log_probs",
-            "advantages",
-            "multi_modal_inputs",
-        ]
-        return batch.select(*keys)
 
     def _step_metrics(
         self,

@@ -1,11 +1,10 @@
-"""End to end through the CLI: GRPO on the tiny VLM via Ray + FSDP2 + vLLM; the reward rises and everything is logged."""
+"""End to end through the CLI: GRPO on the tiny VLM via Ray, FSDP2 and vLLM; the reward rises, metrics are logged."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-
 from test_cli import base_args, run_cli
 
 
