@@ -20,12 +20,22 @@ def test_file_tracker_writes_one_json_object_per_step(tmp_path):
     assert math.isnan(float(records[0]["actor/grad_norm"]))
 
 
-def test_file_tracker_appends_on_restart(tmp_path):
+def test_file_tracker_appends_on_resume(tmp_path):
     for step in (1, 2):
-        tracker = FileTracker(tmp_path)
+        tracker = FileTracker(tmp_path, resume=True)
         tracker.log({"a": float(step)}, step=step)
         tracker.close()
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_new_run_keeps_the_old_file_aside(tmp_path):
+    for value in (1.0, 2.0):
+        tracker = FileTracker(tmp_path)
+        tracker.log({"a": value}, step=1)
+        tracker.close()
+    kept = [path for path in tmp_path.iterdir() if path.name != "metrics.jsonl"]
+    assert len(kept) == 1 and json.loads(kept[0].read_text())["a"] == 1.0
+    assert json.loads((tmp_path / "metrics.jsonl").read_text())["a"] == 2.0
 
 
 def test_console_tracker_prints_headline_numbers():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -64,11 +65,20 @@ def _json_value(value: Any) -> Any:
 
 
 class FileTracker:
-    """Append-only JSON lines, one object per step: ``{"step": N, "metric": value, ...}``."""
+    """Append-only JSON lines, one object per step: ``{"step": N, "metric": value, ...}``.
 
-    def __init__(self, log_dir: str | os.PathLike, filename: str = "metrics.jsonl") -> None:
+    A new run never writes into an older run's file: an existing file is first renamed to
+    ``metrics.<time>.jsonl`` (nothing is deleted). With ``resume=True`` the run appends to it instead.
+    """
+
+    def __init__(self, log_dir: str | os.PathLike, filename: str = "metrics.jsonl", resume: bool = False) -> None:
         self.path = Path(log_dir) / filename
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists() and not resume:
+            stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.path.stat().st_mtime))
+            kept = self.path.with_name(f"{self.path.stem}.{stamp}{self.path.suffix}")
+            os.replace(self.path, kept)
+            print(f"easyr1: an earlier run's metrics were moved to {kept}", flush=True)
         self._file = self.path.open("a", encoding="utf-8")
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:

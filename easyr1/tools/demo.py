@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         f"data.seed={args.seed}",
         f"trainer.seed={args.seed}",
         f"worker.rollout.seed={args.seed}",
+        f"trainer.experiment_name=shape_color_grpo_seed{args.seed}",
         *args.overrides,
     ]
     try:
@@ -94,7 +95,10 @@ def main(argv: list[str] | None = None) -> int:
             config = load_config(overrides)
             prepare_demo_assets(config)
             shuffled = write_shuffled_copy(config.data.train_files, DEMO_ROOT / "shuffled", args.seed)
-            overrides += [f"data.train_files={shuffled}", "trainer.experiment_name=shape_color_grpo_shuffled"]
+            overrides += [
+                f"data.train_files={shuffled}",
+                f"trainer.experiment_name=shape_color_shuffled_seed{args.seed}",
+            ]
         history = run(overrides)
     except UserError as error:
         print(f"easyr1: error: {error}", file=sys.stderr)
