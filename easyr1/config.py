@@ -32,11 +32,20 @@ from easyr1.errors import ConfigError
 
 
 # Names accepted by the registries of the algorithms and workers. Kept here so that a typo fails at load time.
-ADV_ESTIMATORS = ("grpo",)
-LOSS_TYPES = ("ppo",)
+ADV_ESTIMATORS = (
+    "grpo",
+    "grpo_passk",
+    "rloo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "remax",
+    "gae",
+)
+LOSS_TYPES = ("ppo", "gspo", "gspo_token", "cispo", "sapo")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 KL_PENALTIES = ("kl", "abs", "mse", "low_var_kl", "full")
 KL_TYPES = ("fixed", "adaptive")
+ROLLOUT_CORRECTIONS = ("token_tis", "seq_tis")
 ROLLOUT_ENGINES = ("vllm", "hf")
 REWARD_TYPES = ("batch", "sequential")
 LOGGERS = ("console", "file", "wandb", "swanlab", "tensorboard", "mlflow")
@@ -116,7 +125,7 @@ class DataConfig:
 class AlgorithmConfig:
     """The RL algorithm: advantage estimator, KL regularisation and online filtering."""
 
-    gamma: float = _option(1.0, "discount factor (GAE only)")
+    gamma: float = _option(1.0, "discount factor (gae, reinforce_plus_plus)")
     lam: float = _option(1.0, "lambda of GAE")
     adv_estimator: str = _option("grpo", f"advantage estimator: {', '.join(ADV_ESTIMATORS)}")
     disable_kl: bool = _option(False, "no reference model and no KL term at all (wins over use_kl_loss)")
@@ -131,6 +140,10 @@ class AlgorithmConfig:
     filter_low: float = _option(0.01, "online filtering keeps groups whose mean score is above this")
     filter_high: float = _option(0.99, "online filtering keeps groups whose mean score is below this")
     norm_adv_by_std: bool = _option(True, "divide group-relative advantages by the group's std (false: Dr.GRPO)")
+    rollout_correction: str | None = _option(
+        None, "truncated importance sampling against the rollout engine's log-probs: null (off), token_tis, seq_tis"
+    )
+    rollout_correction_threshold: float = _option(2.0, "cap of the rollout-correction importance weights")
 
 
 @dataclass
@@ -218,6 +231,8 @@ class ActorConfig:
     ulysses_size: int = _option(1, "Ulysses sequence-parallel group size")
     use_torch_compile: bool = _option(False, "compile the log-prob computation with torch.compile")
     entropy_coeff: float = _option(0.0, "weight of the entropy bonus in the policy loss")
+    tau_positive: float = _option(1.0, "SAPO gate temperature for tokens with a non-negative advantage")
+    tau_negative: float = _option(1.05, "SAPO gate temperature for tokens with a negative advantage")
     model: ModelConfig = _section(ModelConfig, "the model")
     optim: OptimConfig = _section(OptimConfig, "the optimizer")
     fsdp: FSDPConfig = _section(FSDPConfig, "FSDP sharding of the actor")
@@ -694,14 +709,18 @@ _RANGES = {
     "algorithm.lam": _UNIT,
     "algorithm.kl_coef": _NON_NEGATIVE,
     "algorithm.kl_horizon": _POSITIVE,
+    "algorithm.kl_target": _POSITIVE,
+    "algorithm.rollout_correction_threshold": _POSITIVE,
     "worker.actor.global_batch_size": _AT_LEAST_ONE,
     "worker.actor.micro_batch_size_per_device_for_update": _AT_LEAST_ONE,
     "worker.actor.micro_batch_size_per_device_for_experience": _AT_LEAST_ONE,
     "worker.actor.max_grad_norm": _POSITIVE,
-    "worker.actor.clip_ratio_low": _POSITIVE,
-    "worker.actor.clip_ratio_high": _POSITIVE,
+    "worker.actor.clip_ratio_low": _UNIT,
+    "worker.actor.clip_ratio_high": _NON_NEGATIVE,
     "worker.actor.clip_ratio_dual": (lambda v: v > 1, "greater than 1"),
     "worker.actor.ppo_epochs": _AT_LEAST_ONE,
+    "worker.actor.tau_positive": _POSITIVE,
+    "worker.actor.tau_negative": _POSITIVE,
     "worker.actor.ulysses_size": _AT_LEAST_ONE,
     "worker.actor.model.lora.rank": _NON_NEGATIVE,
     "worker.actor.optim.lr": _POSITIVE,
@@ -755,6 +774,8 @@ def _check_names(config: PPOConfig, problems: list[str]) -> None:
     _one_of(problems, "algorithm.adv_estimator", config.algorithm.adv_estimator, ADV_ESTIMATORS)
     _one_of(problems, "algorithm.kl_penalty", config.algorithm.kl_penalty, KL_PENALTIES)
     _one_of(problems, "algorithm.kl_type", config.algorithm.kl_type, KL_TYPES)
+    if config.algorithm.rollout_correction is not None:
+        _one_of(problems, "algorithm.rollout_correction", config.algorithm.rollout_correction, ROLLOUT_CORRECTIONS)
     _one_of(problems, "worker.actor.strategy", actor.strategy, STRATEGIES)
     _one_of(problems, "worker.ref.strategy", config.worker.ref.strategy, STRATEGIES)
     _one_of(problems, "worker.actor.loss_type", actor.loss_type, LOSS_TYPES)
@@ -863,7 +884,7 @@ def _check_sizes(config: PPOConfig, num_workers: int | None, problems: list[str]
             "raise max_model_len or lower the length limits"
         )
 
-    if config.algorithm.adv_estimator in ("grpo", "rloo") and n < 2:
+    if config.algorithm.adv_estimator in ("grpo", "grpo_passk", "rloo") and n < 2:
         problems.append(
             f"algorithm.adv_estimator={config.algorithm.adv_estimator} compares responses to the same prompt and "
             f"needs worker.rollout.n >= 2 (got {n})"
@@ -992,6 +1013,9 @@ _NOT_YET_ACTIVE: dict[str, Any] = {
     "data.mini_rollout_batch_size": None,
     "algorithm.online_filtering": False,
     "algorithm.kl_type": "fixed",
+    "algorithm.rollout_correction": None,
+    "worker.actor.tau_positive": 1.0,
+    "worker.actor.tau_negative": 1.05,
     "worker.actor.padding_free": False,
     "worker.actor.dynamic_batching": False,
     "worker.actor.ulysses_size": 1,

@@ -253,7 +253,10 @@ def test_policy_loss_params_are_validated() -> None:
     with pytest.raises(ConfigError, match="clip_ratio_dual"):
         PolicyLossParams(clip_ratio_dual=1.0)
     with pytest.raises(ConfigError, match="clip_ratio_low"):
-        PolicyLossParams(clip_ratio_low=1.0)
+        PolicyLossParams(clip_ratio_low=1.5)
+    with pytest.raises(ConfigError, match="tau_negative"):
+        PolicyLossParams(tau_negative=0.0)
+    PolicyLossParams(clip_ratio_low=1.0)  # no lower bound (CISPO as in MiniMax-M1)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Pure-torch RL algorithm pieces: advantage estimators, policy losses, KL estimators, loss aggregation.
+"""Pure-torch RL algorithm pieces: advantage estimators, policy losses, KL, loss aggregation, filtering.
 
 Nothing here knows about Ray, vLLM or FSDP; every function takes tensors and returns tensors, so each can be
 tested against a plain-python reference. Variants are looked up by name in registries (see ``registry.py``).
@@ -7,44 +7,88 @@ tested against a plain-python reference. Variants are looked up by name in regis
 from easyr1.algorithms.advantage import (
     ADV_ESTIMATORS,
     compute_advantages,
+    compute_gae_advantages,
     compute_grpo_advantages,
+    compute_grpo_passk_advantages,
+    compute_reinforce_plus_plus_advantages,
+    compute_reinforce_plus_plus_baseline_advantages,
+    compute_remax_advantages,
+    compute_rloo_advantages,
     get_adv_estimator,
+    masked_whiten,
     register_adv_estimator,
 )
 from easyr1.algorithms.aggregation import LOSS_AGG_MODES, aggregate_loss, count_normalizers, masked_mean
+from easyr1.algorithms.filtering import filter_groups
 from easyr1.algorithms.kl import KL_ESTIMATORS, kl_penalty, register_kl_estimator
+from easyr1.algorithms.kl_controller import (
+    KL_CONTROLLER_TYPES,
+    AdaptiveKLController,
+    FixedKLController,
+    KLController,
+    build_kl_controller,
+)
 from easyr1.algorithms.logits import entropy_from_logits, log_probs_from_logits
 from easyr1.algorithms.policy_loss import (
     POLICY_LOSSES,
     PolicyLossOutput,
     PolicyLossParams,
+    compute_policy_loss_cispo,
+    compute_policy_loss_gspo,
+    compute_policy_loss_gspo_token,
     compute_policy_loss_ppo,
+    compute_policy_loss_sapo,
     get_policy_loss,
     register_policy_loss,
 )
 from easyr1.algorithms.registry import Registry
+from easyr1.algorithms.rollout_correction import (
+    ROLLOUT_CORRECTIONS,
+    rollout_correction_weights,
+    rollout_mismatch_metrics,
+)
 
 
 __all__ = [
     "ADV_ESTIMATORS",
+    "KL_CONTROLLER_TYPES",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
     "POLICY_LOSSES",
+    "ROLLOUT_CORRECTIONS",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "KLController",
     "PolicyLossOutput",
     "PolicyLossParams",
     "Registry",
     "aggregate_loss",
+    "build_kl_controller",
     "compute_advantages",
+    "compute_gae_advantages",
     "compute_grpo_advantages",
+    "compute_grpo_passk_advantages",
+    "compute_policy_loss_cispo",
+    "compute_policy_loss_gspo",
+    "compute_policy_loss_gspo_token",
     "compute_policy_loss_ppo",
+    "compute_policy_loss_sapo",
+    "compute_reinforce_plus_plus_advantages",
+    "compute_reinforce_plus_plus_baseline_advantages",
+    "compute_remax_advantages",
+    "compute_rloo_advantages",
     "count_normalizers",
     "entropy_from_logits",
+    "filter_groups",
     "get_adv_estimator",
     "get_policy_loss",
     "kl_penalty",
     "log_probs_from_logits",
     "masked_mean",
+    "masked_whiten",
     "register_adv_estimator",
     "register_kl_estimator",
     "register_policy_loss",
+    "rollout_correction_weights",
+    "rollout_mismatch_metrics",
 ]

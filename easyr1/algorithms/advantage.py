@@ -82,6 +82,87 @@ def sequence_scores(token_level_rewards: torch.Tensor) -> torch.Tensor:
     raise ValueError(f"rewards must be (B, T) token rewards or (B,) scores, got shape {shape}")
 
 
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Whiten ``values`` over the valid positions of the whole batch: ``(x - mean) / sqrt(var + eps)``.
+
+    ``mean`` and ``var`` are taken over every position where ``mask`` is true (all rows together); ``var`` is the
+    unbiased (``n - 1``) variance, as in EasyR1/verl, except with a single valid position, where it is 0. Computed in
+    float64.
+
+    Args:
+        values: (B, T) values to whiten.
+        mask: (B, T) valid positions, bool or 0/1.
+        eps: added to the variance.
+
+    Returns:
+        (B, T) float64 whitened values, 0 outside the mask (all 0 when nothing is valid).
+    """
+    valid = mask.bool()
+    values64 = torch.where(valid, values.detach().to(torch.float64), torch.zeros((), dtype=torch.float64))
+    count = int(valid.sum().item())
+    if count == 0:
+        return torch.zeros_like(values64)
+    mean = values64.sum() / count
+    centered = torch.where(valid, values64 - mean, torch.zeros((), dtype=torch.float64))
+    variance = centered.square().sum() / max(count - 1, 1)
+    return centered * torch.rsqrt(variance + eps)
+
+
+def _check_mask(response_mask: torch.Tensor, batch_size: int) -> None:
+    if response_mask.dim() != 2 or response_mask.shape[0] != batch_size:
+        raise ValueError(f"response_mask has shape {tuple(response_mask.shape)}, expected ({batch_size}, T)")
+
+
+def _check_token_inputs(response_mask: torch.Tensor, **tensors: torch.Tensor) -> None:
+    """Every tensor must be (B, T), the shape of the 2-D ``response_mask``."""
+    if response_mask.dim() != 2:
+        raise ValueError(f"response_mask has shape {tuple(response_mask.shape)}, expected (B, T)")
+    for name, tensor in tensors.items():
+        if tensor.shape != response_mask.shape:
+            raise ValueError(
+                f"{name} has shape {tuple(tensor.shape)} but response_mask has {tuple(response_mask.shape)}; "
+                "both must be (B, T)"
+            )
+
+
+def _output_dtype(tensor: torch.Tensor) -> torch.dtype:
+    """Advantages keep the rewards' float dtype; integer rewards give float32."""
+    return tensor.dtype if tensor.is_floating_point() else torch.float32
+
+
+def _on_tokens(per_sequence: torch.Tensor, response_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Put one value per sequence (B,) on every valid token: (B, T), 0 elsewhere."""
+    return per_sequence.to(dtype).unsqueeze(-1) * response_mask.to(dtype)
+
+
+def _grouped_scores(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: np.ndarray | Sequence[Any] | torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Float64 sequence scores (B,), dense group ids (B,) and group sizes (G,) as float64."""
+    scores = sequence_scores(token_level_rewards)
+    batch_size = scores.shape[0]
+    _check_mask(response_mask, batch_size)
+    group_ids = group_ids_from_index(index, batch_size).to(scores.device)
+    num_groups = int(group_ids.max().item()) + 1 if batch_size else 0
+    # Group statistics in float64: rewards are small numbers but groups can be large.
+    scores64 = scores.detach().to(torch.float64)
+    counts = torch.zeros(num_groups, dtype=torch.float64, device=scores.device).index_add_(
+        0, group_ids, torch.ones_like(scores64)
+    )
+    return scores64, group_ids, counts
+
+
+def _group_sums(values: torch.Tensor, group_ids: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """Sum of ``values`` (B,) within each group: (G,)."""
+    return torch.zeros(num_groups, dtype=values.dtype, device=values.device).index_add_(0, group_ids, values)
+
+
+def _group_members(group_ids: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Sample indices of each group, in batch order: one (n_g,) tensor per group."""
+    order = torch.argsort(group_ids, stable=True)
+    return order.split([int(count) for count in counts.tolist()])
+
+
 @register_adv_estimator("grpo")
 def compute_grpo_advantages(
     token_level_rewards: torch.Tensor,
@@ -98,6 +179,8 @@ def compute_grpo_advantages(
     a single response gets advantage 0 (there is nothing to compare it with; EasyR1 refuses such groups and verl
     uses mean 0 / std 1, i.e. the raw score).
 
+    Papers: GRPO, Shao et al. 2024, arXiv:2402.03300; Dr. GRPO, Liu et al. 2025, arXiv:2503.20783.
+
     Args:
         token_level_rewards: (B, T) rewards (summed into the score) or (B,) scores.
         response_mask: (B, T) valid response tokens.
@@ -108,25 +191,224 @@ def compute_grpo_advantages(
     Returns:
         (advantages (B, T), returns (B, T)); both are the same tensor for GRPO.
     """
-    scores = sequence_scores(token_level_rewards)
-    batch_size = scores.shape[0]
-    if response_mask.dim() != 2 or response_mask.shape[0] != batch_size:
-        raise ValueError(f"response_mask has shape {tuple(response_mask.shape)}, expected ({batch_size}, T)")
-    group_ids = group_ids_from_index(index, batch_size).to(scores.device)
-    num_groups = int(group_ids.max().item()) + 1 if batch_size else 0
-
-    # Group statistics in float64: rewards are small numbers but groups can be large.
-    scores64 = scores.detach().to(torch.float64)
-    counts = torch.zeros(num_groups, dtype=torch.float64, device=scores.device).index_add_(
-        0, group_ids, torch.ones_like(scores64)
-    )
-    sums = torch.zeros_like(counts).index_add_(0, group_ids, scores64)
-    centered = scores64 - (sums / counts)[group_ids]
-    squares = torch.zeros_like(counts).index_add_(0, group_ids, centered.square())
-    std = (squares / (counts - 1).clamp(min=1)).sqrt()
+    scores, group_ids, counts = _grouped_scores(token_level_rewards, response_mask, index)
+    means = _group_sums(scores, group_ids, len(counts)) / counts
+    centered = scores - means[group_ids]
+    std = (_group_sums(centered.square(), group_ids, len(counts)) / (counts - 1).clamp(min=1)).sqrt()
     advantages = centered / (std[group_ids] + eps) if norm_adv_by_std else centered
     advantages = torch.where(counts[group_ids] > 1, advantages, torch.zeros_like(advantages))
-
-    dtype = scores.dtype if scores.is_floating_point() else torch.float32
-    token_advantages = advantages.to(dtype).unsqueeze(-1) * response_mask.to(dtype)
+    token_advantages = _on_tokens(advantages, response_mask, _output_dtype(token_level_rewards))
     return token_advantages, token_advantages
+
+
+@register_adv_estimator("grpo_passk")
+def compute_grpo_passk_advantages(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray | Sequence[Any] | torch.Tensor,
+    eps: float = 1e-6,
+    norm_adv_by_std: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pass@k advantage (k = group size): only the best response of each group is reinforced.
+
+    The pass@k objective of a group is the best score in it; its leave-one-out gradient estimate gives the best
+    response ``A = (s_max - s_second) / (std_g + eps)`` and every other response 0 (Tang et al. 2025, "Optimizing
+    Language Models for Inference Time Objectives using Reinforcement Learning", arXiv:2503.19595; the definition
+    of EasyR1's and verl's ``grpo_passk``, including the division by the group's unbiased std, which
+    ``norm_adv_by_std=False`` drops). A tie for the best score gives the whole group 0. A group of one response
+    gets 0 (there is no second best; EasyR1 and verl refuse such groups).
+
+    Args:
+        token_level_rewards: (B, T) rewards (summed into the score) or (B,) scores.
+        response_mask: (B, T) valid response tokens.
+        index: (B,) group label (prompt uid) of every sample.
+        eps: added to the std to avoid dividing by zero.
+        norm_adv_by_std: divide the gap by the group's std.
+
+    Returns:
+        (advantages (B, T), returns (B, T)); the same tensor.
+    """
+    scores, group_ids, counts = _grouped_scores(token_level_rewards, response_mask, index)
+    advantages = torch.zeros_like(scores)
+    for members in _group_members(group_ids, counts):
+        if len(members) < 2:
+            continue
+        group_scores = scores[members]
+        top = torch.topk(group_scores, k=2)
+        gap = top.values[0] - top.values[1]
+        if gap == 0:  # a tie for the best (or an all-equal group): nothing to reinforce, and std may be 0
+            continue
+        if norm_adv_by_std:
+            gap = gap / (group_scores.std() + eps)
+        advantages[members[top.indices[0]]] = gap
+    token_advantages = _on_tokens(advantages, response_mask, _output_dtype(token_level_rewards))
+    return token_advantages, token_advantages
+
+
+@register_adv_estimator("rloo")
+def compute_rloo_advantages(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray | Sequence[Any] | torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE leave-one-out: the baseline of a response is the mean score of the *other* responses in its group.
+
+    ``A_i = s_i - (sum_g - s_i) / (n_g - 1)`` (Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style
+    Optimization for Learning from Human Feedback in LLMs", arXiv:2402.14740), which equals
+    ``n_g / (n_g - 1) * (s_i - mean_g)``. A group of one response gets 0 (no other response to form a baseline;
+    EasyR1 refuses such groups).
+
+    Args:
+        token_level_rewards: (B, T) rewards (summed into the score) or (B,) scores.
+        response_mask: (B, T) valid response tokens.
+        index: (B,) group label (prompt uid) of every sample.
+
+    Returns:
+        (advantages (B, T), returns (B, T)); the same tensor.
+    """
+    scores, group_ids, counts = _grouped_scores(token_level_rewards, response_mask, index)
+    sums = _group_sums(scores, group_ids, len(counts))
+    others = (counts - 1)[group_ids]
+    baseline = (sums[group_ids] - scores) / others.clamp(min=1)
+    advantages = torch.where(others > 0, scores - baseline, torch.zeros_like(scores))
+    token_advantages = _on_tokens(advantages, response_mask, _output_dtype(token_level_rewards))
+    return token_advantages, token_advantages
+
+
+@register_adv_estimator("reinforce_plus_plus")
+def compute_reinforce_plus_plus_advantages(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++: discounted returns, whitened over every valid token of the batch (no critic, no groups).
+
+    ``G_t = r_t + gamma * m_{t+1} * G_{t+1}`` backwards from the last position, where the mask ``m`` cuts the sum at
+    masked tokens (EasyR1/verl "reset after EOS"); then ``A = whiten(G)`` with the batch mean and unbiased std over
+    valid tokens (:func:`masked_whiten`). Hu et al. 2025, "REINFORCE++", arXiv:2501.03262. KL-in-reward, if any,
+    is already part of ``token_level_rewards``.
+
+    Args:
+        token_level_rewards: (B, T) per-token rewards.
+        response_mask: (B, T) valid response tokens.
+        gamma: discount factor.
+
+    Returns:
+        (advantages (B, T) whitened, returns (B, T) = G), both 0 outside the mask.
+    """
+    _check_token_inputs(response_mask, token_level_rewards=token_level_rewards)
+    rewards = token_level_rewards.detach().to(torch.float64)
+    mask = response_mask.to(torch.float64)
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.shape[1])):
+        running = rewards[:, t] + gamma * running
+        returns[:, t] = running
+        running = running * mask[:, t]
+    dtype = _output_dtype(token_level_rewards)
+    return masked_whiten(returns, response_mask).to(dtype), (returns * mask).to(dtype)
+
+
+@register_adv_estimator("reinforce_plus_plus_baseline")
+def compute_reinforce_plus_plus_baseline_advantages(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: np.ndarray | Sequence[Any] | torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ with a group baseline: subtract the group's mean score, then whiten over the batch's valid tokens.
+
+    ``A_it = whiten(s_i - mean_g)`` where the whitening (:func:`masked_whiten`) uses the mean and unbiased std of
+    the centred scores over every valid token of the batch, so longer responses weigh more in those statistics
+    (verl's ``reinforce_plus_plus_baseline``; Hu et al. 2025, arXiv:2501.03262). A group of one response uses
+    baseline 0, as in verl (the batch whitening still centres it).
+
+    Args:
+        token_level_rewards: (B, T) rewards (summed into the score) or (B,) scores.
+        response_mask: (B, T) valid response tokens.
+        index: (B,) group label (prompt uid) of every sample.
+
+    Returns:
+        (advantages (B, T), returns (B, T)); the same tensor, 0 outside the mask.
+    """
+    scores, group_ids, counts = _grouped_scores(token_level_rewards, response_mask, index)
+    means = _group_sums(scores, group_ids, len(counts)) / counts
+    centered = scores - torch.where(counts > 1, means, torch.zeros_like(means))[group_ids]
+    whitened = masked_whiten(_on_tokens(centered, response_mask, torch.float64), response_mask)
+    token_advantages = whitened.to(_output_dtype(token_level_rewards))
+    return token_advantages, token_advantages
+
+
+@register_adv_estimator("remax")
+def compute_remax_advantages(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, reward_baselines: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ReMax: the sampled response's score minus the score of the greedy response to the same prompt.
+
+    ``A_it = s_i - b_i`` on every valid token, where ``b_i`` is the score of a greedy (temperature 0) rollout of the
+    prompt (Li et al. 2024, "ReMax", arXiv:2310.10505; EasyR1's definition). The returns are the rewards-to-go
+    ``sum_{t' >= t} r_t'`` over valid tokens (they equal ``s_i`` on every valid token when the score sits on the
+    last token and no KL is in the reward); ReMax trains no critic, so they are only logged.
+
+    Args:
+        token_level_rewards: (B, T) rewards (summed into the score).
+        response_mask: (B, T) valid response tokens.
+        reward_baselines: (B,) score of the greedy response to each sample's prompt.
+
+    Returns:
+        (advantages (B, T), returns (B, T)), both 0 outside the mask.
+    """
+    _check_token_inputs(response_mask, token_level_rewards=token_level_rewards)
+    if reward_baselines.shape != (token_level_rewards.shape[0],):
+        raise ValueError(
+            f"reward_baselines has shape {tuple(reward_baselines.shape)}, expected ({token_level_rewards.shape[0]},):"
+            " one greedy-rollout score per sample"
+        )
+    mask = response_mask.to(torch.float64)
+    rewards = token_level_rewards.detach().to(torch.float64) * mask
+    advantages = rewards.sum(dim=-1) - reward_baselines.detach().to(torch.float64)
+    returns = rewards.flip(dims=(-1,)).cumsum(dim=-1).flip(dims=(-1,)) * mask
+    dtype = _output_dtype(token_level_rewards)
+    return _on_tokens(advantages, response_mask, dtype), returns.to(dtype)
+
+
+@register_adv_estimator("gae")
+def compute_gae_advantages(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    values: torch.Tensor,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized advantage estimation with a critic's values (PPO; Schulman et al. 2016, arXiv:1506.02438).
+
+    Backwards over the valid tokens ``t`` of each row: ``delta_t = r_t + gamma * V_next - V_t`` and
+    ``A_t = delta_t + gamma * lam * A_next``, where ``V_next`` / ``A_next`` belong to the next *valid* token (0 past
+    the end); masked tokens are skipped and carry nothing, as in verl. Then ``returns = A + V`` (the critic's
+    target, before whitening) and the advantages are whitened over the batch's valid tokens
+    (:func:`masked_whiten`).
+
+    Args:
+        token_level_rewards: (B, T) per-token rewards (the score on the last token, minus any in-reward KL).
+        response_mask: (B, T) valid response tokens.
+        values: (B, T) critic values of the response tokens (old values, computed before the update).
+        gamma: discount factor.
+        lam: GAE lambda (1: Monte-Carlo returns minus values; 0: one-step TD errors).
+
+    Returns:
+        (advantages (B, T) whitened, returns (B, T)), both 0 outside the mask.
+    """
+    _check_token_inputs(response_mask, token_level_rewards=token_level_rewards, values=values)
+    rewards = token_level_rewards.detach().to(torch.float64)
+    values64 = values.detach().to(torch.float64)
+    valid = response_mask.bool()
+    raw = torch.zeros_like(rewards)
+    next_value = torch.zeros_like(rewards[:, 0])
+    next_advantage = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.shape[1])):
+        delta = rewards[:, t] + gamma * next_value - values64[:, t]
+        advantage = delta + gamma * lam * next_advantage
+        next_value = torch.where(valid[:, t], values64[:, t], next_value)
+        next_advantage = torch.where(valid[:, t], advantage, next_advantage)
+        raw[:, t] = advantage
+    mask = response_mask.to(torch.float64)
+    dtype = _output_dtype(token_level_rewards)
+    returns = (raw + values64) * mask
+    return masked_whiten(raw, response_mask).to(dtype), returns.to(dtype)
