@@ -54,6 +54,20 @@ def banned_token_bias(vocab_size: int, banned_token_ids: list[int], dtype: torch
     return bias
 
 
+def forward_inputs(micro_batch: Batch) -> dict[str, torch.Tensor]:
+    """Model inputs of a micro-batch: ids, mask, explicit position ids and the merged vision inputs."""
+    position_ids = micro_batch["position_ids"]
+    if position_ids.dim() == 3:  # (B, 4, L) -> (4, B, L): text positions, then the three m-rope rows
+        position_ids = position_ids.transpose(0, 1).contiguous()
+    vision = merge_vision_inputs(micro_batch["multi_modal_inputs"]) if "multi_modal_inputs" in micro_batch else {}
+    return {
+        "input_ids": micro_batch["input_ids"],
+        "attention_mask": micro_batch["attention_mask"],
+        "position_ids": position_ids,
+        **vision,
+    }
+
+
 def response_log_probs(
     model: nn.Module,
     micro_batch: Batch,
@@ -68,17 +82,10 @@ def response_log_probs(
     """
     responses = micro_batch["responses"]
     response_length = responses.shape[-1]
-    position_ids = micro_batch["position_ids"]
-    if position_ids.dim() == 3:  # (B, 4, L) -> (4, B, L): text positions, then the three m-rope rows
-        position_ids = position_ids.transpose(0, 1).contiguous()
-    vision = merge_vision_inputs(micro_batch["multi_modal_inputs"]) if "multi_modal_inputs" in micro_batch else {}
     output = model(
-        input_ids=micro_batch["input_ids"],
-        attention_mask=micro_batch["attention_mask"],
-        position_ids=position_ids,
+        **forward_inputs(micro_batch),
         use_cache=False,
         logits_to_keep=response_length + 1,  # the logits that predict the response tokens (and one extra)
-        **vision,
     )
     logits = output.logits[:, :-1]  # (B, R, V); the log-prob helpers upcast chunk by chunk
     bias = banned_token_bias(logits.shape[-1], banned_token_ids or [], logits.dtype)

@@ -1,0 +1,103 @@
+"""The critic for PPO with GAE: the policy's backbone with a scalar value head, FSDP2-sharded like the actor.
+
+``values[:, t]`` estimates the return from the state just before response token ``t`` (the hidden state of
+the position that predicts it), so values line up with the log-probs of the same tokens.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from transformers import PreTrainedModel
+
+from easyr1.algorithms import aggregate_loss, count_normalizers
+from easyr1.algorithms.value_loss import compute_value_loss
+from easyr1.distributed.fsdp import full_tensor
+from easyr1.protocol import Batch
+from easyr1.workers.actor import forward_inputs
+
+
+class ValueModel(nn.Module):
+    """A causal (vision-)language model without its LM head, plus ``value_head``: hidden -> 1."""
+
+    def __init__(self, language_model: PreTrainedModel) -> None:
+        super().__init__()
+        self.backbone = language_model.model  # decoder (and vision tower) without the LM head
+        self.config = language_model.config
+        hidden_size = getattr(self.config, "text_config", self.config).hidden_size
+        self.value_head = nn.Linear(hidden_size, 1, dtype=language_model.dtype)
+        # start at V = 0 everywhere: the first advantages are then the plain discounted rewards
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+        self._no_split_modules = list(getattr(language_model, "_no_split_modules", None) or [])
+
+    def forward(self, **inputs: Any) -> torch.Tensor:
+        """(B, L) value of every position."""
+        hidden = self.backbone(**inputs, use_cache=False).last_hidden_state
+        return self.value_head(hidden).squeeze(-1)
+
+
+def response_values(model: ValueModel, micro_batch: Batch) -> torch.Tensor:
+    """(B, R) values of the states that precede each response token."""
+    response_length = micro_batch["responses"].shape[-1]
+    values = model(**forward_inputs(micro_batch))
+    return values[:, -response_length - 1 : -1].float()
+
+
+class Critic:
+    """The sharded value model, its optimizer and the clipped value-loss update."""
+
+    def __init__(self, model: ValueModel, config: Any, optimizer: torch.optim.Optimizer) -> None:
+        self.model = model
+        self.config = config
+        self.optimizer = optimizer
+
+    @torch.no_grad()
+    def compute_values(self, batch: Batch, micro_batch_size: int) -> torch.Tensor:
+        """(B, R) values of the rollout's response states (masked to 0 outside the response)."""
+        self.model.eval()
+        parts = [response_values(self.model, micro) for micro in batch.split(max(micro_batch_size, 1))]
+        return torch.cat(parts) * batch["response_mask"]
+
+    def update(self, batch: Batch, mini_batch_size: int) -> dict[str, float]:
+        """PPO epochs of clipped value regression towards ``returns``; needs ``values`` (old) and ``returns``."""
+        config = self.config
+        world_size = dist.get_world_size() if dist.is_initialized() else 1
+        self.model.train()
+        totals: dict[str, list[float]] = defaultdict(list)
+        for _ in range(config.ppo_epochs):
+            for mini_batch in batch.split(mini_batch_size):
+                mask = mini_batch["response_mask"]
+                counts = torch.tensor(count_normalizers(mask), dtype=torch.float64)
+                if dist.is_initialized():
+                    dist.all_reduce(counts)
+                norm = {
+                    "num_global_tokens": counts[0].item(),
+                    "num_global_seqs": counts[1].item(),
+                    "world_size": world_size,
+                }
+                sums: dict[str, float] = defaultdict(float)
+                for micro in mini_batch.split(config.micro_batch_size_per_device_for_update):
+                    micro_mask = micro["response_mask"]
+                    values = response_values(self.model, micro)
+                    loss_mat, metrics = compute_value_loss(
+                        values, micro["values"], micro["returns"], micro_mask, config.cliprange_value
+                    )
+                    loss = aggregate_loss(loss_mat, micro_mask, "token-mean", **norm)
+                    loss.backward()
+                    sums["critic/vf_loss"] += loss.item()
+                    weight = micro_mask.sum().item() / max(counts[0].item() / world_size, 1.0)
+                    for key, value in metrics.items():
+                        sums[f"critic/{key}"] += value * weight
+                grad_norm = full_tensor(nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)).item()
+                if torch.isfinite(torch.tensor(grad_norm)):
+                    self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                sums["critic/grad_norm"] = grad_norm
+                for key, value in sums.items():
+                    totals[key].append(value)
+        return {key: sum(values) / len(values) for key, values in totals.items()}
