@@ -301,10 +301,30 @@ class RewardConfig:
 
 
 @dataclass
+class CriticConfig:
+    """The value model of PPO with GAE; built only when algorithm.adv_estimator=gae."""
+
+    strategy: str = _option("fsdp", f"training backend: {', '.join(STRATEGIES)}")
+    global_batch_size: int | None = _option(
+        None, "prompts per critic update (null: worker.actor.global_batch_size); uses global_batch_size * n samples"
+    )
+    micro_batch_size_per_device_for_update: int = _option(4, "samples per forward/backward pass in the update")
+    micro_batch_size_per_device_for_experience: int = _option(16, "samples per forward pass computing values")
+    max_grad_norm: float = _option(1.0, "gradient norm clipping threshold")
+    cliprange_value: float = _option(0.5, "values may move at most this far from the rollout's values per update")
+    ppo_epochs: int = _option(1, "passes over each rollout batch")
+    model: ModelConfig = _section(ModelConfig, "the value model's backbone (null model_path: the actor's)")
+    optim: OptimConfig = _section(OptimConfig, "the critic's optimizer")
+    fsdp: FSDPConfig = _section(FSDPConfig, "FSDP sharding of the critic")
+    offload: OffloadConfig = _section(OffloadConfig, "CPU offloading of the critic")
+
+
+@dataclass
 class WorkerConfig:
     """Everything that runs on the workers."""
 
     actor: ActorConfig = _section(ActorConfig, "the policy being trained")
+    critic: CriticConfig = _section(CriticConfig, "the value model (PPO with GAE only)")
     ref: RefConfig = _section(RefConfig, "the reference policy")
     rollout: RolloutConfig = _section(RolloutConfig, "the generation engine")
     reward: RewardConfig = _section(RewardConfig, "the reward function")
@@ -401,6 +421,13 @@ class PPOConfig:
         model.model_path = _resolve_path(model.model_path)
         model.tokenizer_path = _resolve_path(model.tokenizer_path) if model.tokenizer_path else model.model_path
         reward.reward_function = _resolve_function(reward.reward_function)
+        if self.worker.critic.global_batch_size is None:
+            self.worker.critic.global_batch_size = actor.global_batch_size
+        critic_model = self.worker.critic.model
+        critic_model.model_path = (
+            _resolve_path(critic_model.model_path) if critic_model.model_path else model.model_path
+        )
+        critic_model.tokenizer_path = critic_model.tokenizer_path or model.tokenizer_path
         if trainer.save_checkpoint_path is None:
             trainer.save_checkpoint_path = os.path.join("checkpoints", trainer.project_name, trainer.experiment_name)
         trainer.save_checkpoint_path = _absolute(trainer.save_checkpoint_path)
@@ -846,6 +873,20 @@ def _check_sizes(config: PPOConfig, num_workers: int | None, problems: list[str]
     ]
     if data.mini_rollout_batch_size is not None and data.mini_rollout_batch_size >= 1:
         per_batch.append(("data.mini_rollout_batch_size", data.mini_rollout_batch_size, None))
+    if config.algorithm.adv_estimator == "gae":
+        critic = config.worker.critic
+        if critic.global_batch_size > rollout_size or rollout_size % max(critic.global_batch_size, 1):
+            problems.append(
+                f"worker.critic.global_batch_size={critic.global_batch_size} must divide "
+                f"data.rollout_batch_size={rollout_size}"
+            )
+        per_batch.append(
+            (
+                "worker.critic.global_batch_size",
+                critic.global_batch_size,
+                "worker.critic.micro_batch_size_per_device_for_update",
+            )
+        )
     for key, prompts, micro_key in per_batch:
         samples = prompts * n
         if samples % workers:
@@ -856,7 +897,7 @@ def _check_sizes(config: PPOConfig, num_workers: int | None, problems: list[str]
             continue
         micro = _get_key(config, micro_key) if micro_key else 1
         per_worker = samples // workers
-        if micro >= 1 and per_worker % micro:
+        if 1 <= micro < per_worker and per_worker % micro:  # a micro-batch may hold a worker's whole share
             problems.append(
                 f"each worker gets {key} * worker.rollout.n / workers = {samples} / {workers} = {per_worker} "
                 f"samples, not a whole number of micro-batches of {micro_key}={micro}; use a micro-batch size "
@@ -884,6 +925,11 @@ def _check_sizes(config: PPOConfig, num_workers: int | None, problems: list[str]
             "raise max_model_len or lower the length limits"
         )
 
+    if config.algorithm.adv_estimator == "remax" and rollout_size % workers:
+        problems.append(
+            f"algorithm.adv_estimator=remax generates one greedy baseline per prompt, so data.rollout_batch_size="
+            f"{rollout_size} must split evenly across {who}"
+        )
     if config.algorithm.adv_estimator in ("grpo", "grpo_passk", "rloo") and n < 2:
         problems.append(
             f"algorithm.adv_estimator={config.algorithm.adv_estimator} compares responses to the same prompt and "
@@ -1011,11 +1057,6 @@ def to_yaml(config: PPOConfig) -> str:
 # Settings this version accepts (so EasyR1 configs load) but does not act on yet, with their neutral values.
 _NOT_YET_ACTIVE: dict[str, Any] = {
     "data.mini_rollout_batch_size": None,
-    "algorithm.online_filtering": False,
-    "algorithm.kl_type": "fixed",
-    "algorithm.rollout_correction": None,
-    "worker.actor.tau_positive": 1.0,
-    "worker.actor.tau_negative": 1.05,
     "worker.actor.padding_free": False,
     "worker.actor.dynamic_batching": False,
     "worker.actor.ulysses_size": 1,

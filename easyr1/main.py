@@ -75,7 +75,11 @@ def run(argv: list[str]) -> list[dict[str, float]]:
     init_ray(config.trainer.nnodes * config.trainer.n_gpus_per_node)
     from easyr1.trainer import Trainer
 
-    return Trainer(config).fit()
+    trainer = Trainer(config)
+    try:
+        return trainer.fit()
+    finally:
+        trainer.shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,15 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 from tqdm import tqdm
 
-from easyr1.algorithms import compute_advantages, kl_penalty, masked_mean
+from easyr1.algorithms import (
+    build_kl_controller,
+    compute_advantages,
+    filter_groups,
+    kl_penalty,
+    masked_mean,
+    rollout_correction_weights,
+    rollout_mismatch_metrics,
+)
 from easyr1.config import PPOConfig
 from easyr1.data import RLDataset, collate_fn
 from easyr1.distributed import WorkerGroup
@@ -37,6 +45,26 @@ from easyr1.workers.reward_actor import RewardActor
 
 # What the actor's forward needs; the rest of the batch (images for vLLM, strings) stays on the driver.
 ACTOR_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "multi_modal_inputs")
+# The per-sample python objects of a prompt (besides its tensors), as the dataset yields them.
+PROMPT_OBJECTS = ("raw_prompt_ids", "multi_modal_data", "multi_modal_inputs", "ground_truth")
+
+
+def prompts_of(batch: Batch) -> Batch:
+    """The prompt part of a rollout batch, as the dataloader produced it (responses stripped)."""
+    prompt_length = batch["prompts"].shape[1]
+    return Batch(
+        tensors={
+            "input_ids": batch["prompts"],
+            "attention_mask": batch["attention_mask"][:, :prompt_length],
+            "position_ids": batch["position_ids"][..., :prompt_length],
+        },
+        non_tensors={key: batch[key] for key in PROMPT_OBJECTS if key in batch},
+    )
+
+
+def prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:
+    """``{"a": 1}`` -> ``{"prefix/a": 1}``."""
+    return {f"{prefix}/{key}": value for key, value in metrics.items()}
 
 
 @contextmanager
@@ -102,6 +130,14 @@ class Trainer:
         )
         self.workers.run_all("init_models")
 
+        algorithm = config.algorithm
+        self.uses_reference = not algorithm.disable_kl
+        self.uses_critic = algorithm.adv_estimator == "gae"
+        self.kl_controller = build_kl_controller(
+            algorithm.kl_type, algorithm.kl_coef, algorithm.kl_target, algorithm.kl_horizon
+        )
+        self.prompt_batches = self._prompt_batches()
+
     def _make_loader(self, dataset: RLDataset, batch_size: int, shuffle: bool) -> DataLoader:
         generator = torch.Generator().manual_seed(self.config.data.seed)
         sampler = RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
@@ -123,10 +159,9 @@ class Trainer:
     def fit(self) -> list[dict[str, float]]:
         """Train for ``total_steps`` steps; returns every step's metrics."""
         history = []
-        prompt_batches = self._prompt_batches()
         with tqdm(total=self.total_steps, desc="train", unit="step", dynamic_ncols=True, disable=None) as progress:
             for step in range(1, self.total_steps + 1):
-                metrics = self.train_step(next(prompt_batches), step)
+                metrics = self.train_step(next(self.prompt_batches), step)
                 history.append(metrics)
                 for tracker in self.trackers:
                     tracker.log(metrics, step)
@@ -135,68 +170,154 @@ class Trainer:
             tracker.close()
         return history
 
+    def shutdown(self) -> None:
+        """Stop the workers and the reward actor (the Ray cluster itself stays up)."""
+        self.workers.shutdown()
+        ray.kill(self.reward_actor)
+
     def train_step(self, prompts: Batch, step: int) -> dict[str, float]:
         """One RL step on one batch of prompts; returns its metrics."""
         config = self.config
         rollout, algorithm = config.worker.rollout, config.algorithm
         timings: dict[str, float] = {}
+        metrics: dict[str, float] = {}
         step_start = time.perf_counter()
 
-        # 1. Rollout: n samples per prompt, each with its own seed so that a step can be replayed exactly.
-        prompts["uid"] = np.array([f"{step}-{i}" for i in range(len(prompts))], dtype=object)
-        batch = prompts.repeat(rollout.n, interleave=True)
-        batch["sample_seed"] = torch.arange(len(batch)) + (rollout.seed * 1_000_003 + step) * len(batch)
+        # 1. Rollout: n samples per prompt. The reward is computed in a Ray actor while the workers go on;
+        #    DAPO's online filtering needs it at once to drop uninformative groups and generate more.
         with timed(timings, "gen"):
-            batch = self.workers.run_split("generate", batch, self._sampling_settings())
+            batch = self._generate(prompts, step, attempt=0)
+        reward = self.reward_actor.score.remote(self._reward_inputs(batch))
+        if algorithm.online_filtering:
+            with timed(timings, "filter"):
+                batch, reward = self._fill_with_informative_groups(batch, reward, step, metrics)
+        if algorithm.adv_estimator == "remax":
+            with timed(timings, "gen_baseline"):
+                batch["reward_baselines"] = self._greedy_baseline_scores(batch, step)
 
-        # 2. Reward, computed in a Ray actor while the workers recompute log-probs.
-        reward_future = self.reward_actor.score.remote(self._reward_inputs(batch))
-
-        # 3. Old (and reference) log-probs.
+        # 2. Old log-probs, and the reference's and the critic's where the algorithm needs them.
+        actor_view = batch.select(*ACTOR_FIELDS)
         with timed(timings, "old"):
-            batch = batch.union(
-                self.workers.run_split("compute_old_log_probs", batch.select(*ACTOR_FIELDS), rollout.temperature)
-            )
-        if not algorithm.disable_kl:
+            batch = batch.union(self.workers.run_split("compute_old_log_probs", actor_view, rollout.temperature))
+        if self.uses_reference:
             with timed(timings, "ref"):
-                batch = batch.union(
-                    self.workers.run_split("compute_ref_log_probs", batch.select(*ACTOR_FIELDS), rollout.temperature)
-                )
-        with timed(timings, "reward"):
-            scores, sub_scores = self._wait_for_reward(reward_future)
-        batch["token_level_scores"] = place_scores_on_last_token(scores, batch["response_mask"])
-        batch["token_level_rewards"] = batch["token_level_scores"]
-        kl_metrics = {}
-        if not algorithm.disable_kl and not algorithm.use_kl_loss:
-            # KL in the reward (EasyR1's default): r_t = score_t - kl_coef * KL_t(policy || reference)
-            kl = kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], algorithm.kl_penalty)
-            kl = kl * batch["response_mask"]
-            batch["token_level_rewards"] = batch["token_level_scores"] - algorithm.kl_coef * kl
-            kl_metrics = {"actor/reward_kl": masked_mean(kl, batch["response_mask"]).item()}
+                batch = batch.union(self.workers.run_split("compute_ref_log_probs", actor_view, rollout.temperature))
+        if self.uses_critic:
+            with timed(timings, "values"):
+                batch = batch.union(self.workers.run_split("compute_values", actor_view))
+        mask = batch["response_mask"]
+        metrics.update(
+            prefixed("rollout", rollout_mismatch_metrics(batch["old_log_probs"], batch["rollout_log_probs"], mask))
+        )
 
-        # 4. Advantages.
+        # 3. Rewards: the score on the last response token, minus the KL to the reference when it is in the reward.
+        with timed(timings, "reward"):
+            scores, sub_scores = self._resolve_reward(reward)
+        batch["token_level_scores"] = place_scores_on_last_token(scores, mask)
+        batch["token_level_rewards"] = batch["token_level_scores"]
+        if self.uses_reference and not algorithm.use_kl_loss:
+            kl = kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], algorithm.kl_penalty) * mask
+            batch["token_level_rewards"] = batch["token_level_scores"] - self.kl_controller.value * kl
+            sequence_kl = (kl.sum(-1) / mask.sum(-1).clamp(min=1)).mean().item()
+            metrics.update({"actor/reward_kl": sequence_kl, "actor/kl_coef": self.kl_controller.value})
+            self.kl_controller.update(sequence_kl, n_steps=len(batch))
+
+        # 4. Advantages (pure functions on the driver), and the rollout-correction weights.
         with timed(timings, "adv"):
             advantages, returns = compute_advantages(
                 algorithm.adv_estimator,
                 token_level_rewards=batch["token_level_rewards"],
-                response_mask=batch["response_mask"],
+                response_mask=mask,
                 index=batch["uid"],
+                gamma=algorithm.gamma,
+                lam=algorithm.lam,
                 norm_adv_by_std=algorithm.norm_adv_by_std,
+                **{key: batch[key] for key in ("values", "reward_baselines") if key in batch},
             )
         batch["advantages"], batch["returns"] = advantages, returns
-
-        # 5. Policy update: each worker updates on its share in mini-batches of global_batch_size prompts.
-        num_workers = self.workers.num_workers
-        mini_batch_size = config.worker.actor.global_batch_size * rollout.n // num_workers
-        update_fields = [*ACTOR_FIELDS, "old_log_probs", "advantages"]
-        if "ref_log_probs" in batch:
-            update_fields.append("ref_log_probs")
-        with timed(timings, "update"):
-            worker_metrics = self.workers.run_split(
-                "update_actor", batch.select(*update_fields), rollout.temperature, mini_batch_size
+        if algorithm.rollout_correction:
+            weights, correction_metrics = rollout_correction_weights(
+                batch["old_log_probs"],
+                batch["rollout_log_probs"],
+                mask,
+                algorithm.rollout_correction,
+                algorithm.rollout_correction_threshold,
             )
+            batch["rollout_is_weights"] = weights
+            metrics.update(prefixed("rollout", correction_metrics))
+
+        # 5. Updates: the critic first (PPO), then the policy once the critic has warmed up. Each worker takes its
+        #    share in mini-batches of global_batch_size prompts, one optimizer step each.
+        n, num_workers = rollout.n, self.workers.num_workers
+        worker_metrics: list[dict[str, float]] = []
+        if self.uses_critic:
+            critic_view = batch.select(*ACTOR_FIELDS, "values", "returns")
+            critic_mini_batch = config.worker.critic.global_batch_size * n // num_workers
+            with timed(timings, "update_critic"):
+                worker_metrics += self.workers.run_split("update_critic", critic_view, critic_mini_batch)
+        if step > config.trainer.critic_warmup:
+            update_fields = [*ACTOR_FIELDS, "old_log_probs", "advantages"]
+            update_fields += [key for key in ("ref_log_probs", "rollout_is_weights") if key in batch]
+            mini_batch_size = config.worker.actor.global_batch_size * n // num_workers
+            with timed(timings, "update"):
+                worker_metrics += self.workers.run_split(
+                    "update_actor", batch.select(*update_fields), rollout.temperature, mini_batch_size
+                )
         timings["step"] = time.perf_counter() - step_start
-        return {**self._step_metrics(batch, scores, sub_scores, worker_metrics, timings), **kl_metrics}
+        return {**self._step_metrics(batch, scores, sub_scores, worker_metrics, timings), **metrics}
+
+    # ------------------------------------------------------------------------------------------- rollouts
+    def _generate(self, prompts: Batch, step: int, attempt: int, sampling: dict[str, Any] | None = None) -> Batch:
+        """``n`` samples per prompt (``1`` with explicit ``sampling``), each with its own reproducible seed."""
+        n = self.config.worker.rollout.n if sampling is None else 1
+        prompts["uid"] = np.array([f"{step}-{attempt}-{i}" for i in range(len(prompts))], dtype=object)
+        batch = prompts.repeat(n, interleave=True)
+        # Seeds depend on (rollout.seed, step, attempt, sample) only, so a resumed step replays exactly.
+        base = ((self.config.worker.rollout.seed * 1_000_003 + step) * 1_009 + attempt) * len(batch)
+        batch["sample_seed"] = torch.arange(len(batch)) + base
+        return self.workers.run_split("generate", batch, sampling or self._sampling_settings())
+
+    def _fill_with_informative_groups(
+        self, batch: Batch, reward: ray.ObjectRef, step: int, metrics: dict[str, float]
+    ) -> tuple[Batch, tuple[torch.Tensor, dict[str, list[float]]]]:
+        """DAPO dynamic sampling: keep groups whose mean score is strictly inside (filter_low, filter_high) and
+        generate from further prompts until ``rollout_batch_size`` groups are kept."""
+        algorithm, target = self.config.algorithm, self.config.data.rollout_batch_size * self.config.worker.rollout.n
+        kept_batches, kept_sub_scores, generated = [], [], 0
+        for attempt in range(self.config.trainer.max_try_make_batch):
+            if attempt:
+                batch = self._generate(next(self.prompt_batches), step, attempt)
+                reward = self.reward_actor.score.remote(self._reward_inputs(batch))
+            scores, sub_scores = self._resolve_reward(reward)
+            generated += len(batch)
+            keep = filter_groups(
+                sub_scores, batch["uid"], algorithm.filter_key, algorithm.filter_low, algorithm.filter_high
+            )
+            kept_batches.append(batch.index(keep))
+            kept_sub_scores.append({key: [values[i] for i in keep.tolist()] for key, values in sub_scores.items()})
+            if sum(len(kept) for kept in kept_batches) >= target:
+                break
+        else:
+            kept = sum(len(kept) for kept in kept_batches)
+            raise UserError(
+                f"online filtering kept {kept} of the {target} samples a step needs after "
+                f"trainer.max_try_make_batch={self.config.trainer.max_try_make_batch} rounds of generation: too few "
+                f"groups have a mean {algorithm.filter_key!r} score inside (algorithm.filter_low="
+                f"{algorithm.filter_low}, algorithm.filter_high={algorithm.filter_high}). Raise max_try_make_batch, "
+                "widen the filter, or use easier data"
+            )
+        merged = Batch.concat(kept_batches).index(slice(0, target))  # groups are whole: target is a multiple of n
+        sub_scores = {key: sum((part[key] for part in kept_sub_scores), [])[:target] for key in kept_sub_scores[0]}
+        metrics.update({"filter/rounds": attempt + 1, "filter/kept_ratio": target / generated})
+        return merged, (torch.tensor(sub_scores["overall"], dtype=torch.float32), sub_scores)
+
+    def _greedy_baseline_scores(self, batch: Batch, step: int) -> torch.Tensor:
+        """ReMax's baseline: the score of one greedy response per prompt, repeated over the prompt's group."""
+        n = self.config.worker.rollout.n
+        prompts = prompts_of(batch.index(list(range(0, len(batch), n))))
+        greedy = self._generate(prompts, step, attempt=999, sampling=self._sampling_settings({"greedy": True}))
+        scores, _ = self._resolve_reward(self.reward_actor.score.remote(self._reward_inputs(greedy)))
+        return scores.repeat_interleave(n)
 
     # -------------------------------------------------------------------------------------------- helpers
     def _sampling_settings(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -225,9 +346,12 @@ class Trainer:
         ]
 
     @staticmethod
-    def _wait_for_reward(future: ray.ObjectRef) -> tuple[torch.Tensor, dict[str, list[float]]]:
+    def _resolve_reward(reward: Any) -> tuple[torch.Tensor, dict[str, list[float]]]:
+        """Scores from the reward actor (or already resolved), with a user error in the reward file re-raised as is."""
+        if isinstance(reward, tuple):
+            return reward
         try:
-            return ray.get(future)
+            return ray.get(reward)
         except ray.exceptions.RayTaskError as error:
             if isinstance(error.cause, UserError):
                 raise error.cause from None
@@ -263,8 +387,8 @@ class Trainer:
         for key, values in sub_scores.items():
             if key != "overall":
                 metrics[f"reward/{key}"] = float(np.mean(values))
-        for key in worker_metrics[0]:
-            metrics[key] = float(np.mean([worker[key] for worker in worker_metrics]))
+        for key in sorted({key for worker in worker_metrics for key in worker}):
+            metrics[key] = float(np.mean([worker[key] for worker in worker_metrics if key in worker]))
         metrics.update({f"timing/{name}": seconds for name, seconds in timings.items()})
         metrics["timing/sync"] = batch.meta.get("sync_seconds", 0.0)
         total_tokens = (prompt_lengths.sum() + lengths.sum()).item()

@@ -158,7 +158,13 @@ class Actor:
             "world_size": world_size,
             "loss_scale_factor": float(mask.shape[-1]),
         }
-        loss_params = PolicyLossParams(config.clip_ratio_low, config.clip_ratio_high, config.clip_ratio_dual)
+        loss_params = PolicyLossParams(
+            clip_ratio_low=config.clip_ratio_low,
+            clip_ratio_high=config.clip_ratio_high,
+            clip_ratio_dual=config.clip_ratio_dual,
+            tau_positive=config.tau_positive,
+            tau_negative=config.tau_negative,
+        )
         sums: dict[str, float] = defaultdict(float)
         for micro in mini_batch.split(config.micro_batch_size_per_device_for_update):
             micro_mask = micro["response_mask"]
@@ -168,7 +174,10 @@ class Actor:
             policy_loss = get_policy_loss(config.loss_type)(
                 micro["old_log_probs"], log_probs, micro["advantages"], micro_mask, loss_params
             )
-            pg_loss = aggregate_loss(policy_loss.loss_mat, micro_mask, config.loss_agg_mode, **norm)
+            loss_mat = policy_loss.loss_mat
+            if "rollout_is_weights" in micro:  # truncated importance sampling towards the rollout policy
+                loss_mat = loss_mat * micro["rollout_is_weights"]
+            pg_loss = aggregate_loss(loss_mat, micro_mask, config.loss_agg_mode, **norm)
             loss = pg_loss
             if config.use_kl_loss and not config.disable_kl:
                 kl = kl_penalty(log_probs, micro["ref_log_probs"], config.kl_penalty)

@@ -19,6 +19,7 @@ from easyr1.distributed.worker import Worker, device_type
 from easyr1.models.loading import load_model, load_tokenizer_and_processor, resolve_dtype
 from easyr1.protocol import Batch
 from easyr1.workers.actor import Actor
+from easyr1.workers.critic import Critic, ValueModel
 from easyr1.workers.rollout.base import SamplingSettings
 
 
@@ -46,6 +47,7 @@ class HybridWorker(Worker):
         self.config = config
         self.actor: Actor | None = None
         self.ref: Actor | None = None
+        self.critic: Critic | None = None
         self.rollout = None
         self.weights_stale = True
 
@@ -113,7 +115,29 @@ class HybridWorker(Worker):
             )
             self.ref = Actor(ref_model, actor_config, banned_token_ids=self.banned_token_ids)
 
+        if config.algorithm.adv_estimator == "gae":
+            self.critic = self._build_critic(dtype, mesh, mixed)
         self.rollout = self._build_rollout(dtype)
+
+    def _build_critic(self, dtype: torch.dtype, mesh, mixed: dict) -> Critic:
+        """The value model: the critic's checkpoint (the actor's by default) with a zero-initialised value head."""
+        critic_config = self.config.worker.critic
+        model_config = critic_config.model
+        language_model = load_model(
+            model_config.model_path,
+            dtype,
+            trust_remote_code=model_config.trust_remote_code,
+            override_config=model_config.override_config,
+        )
+        if model_config.enable_gradient_checkpointing:
+            language_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        value_model = ValueModel(language_model).to(self.device)
+        shard_model(value_model, mesh, cpu_offload=critic_config.fsdp.enable_cpu_offload, **mixed)
+        optim = critic_config.optim
+        optimizer = torch.optim.AdamW(
+            value_model.parameters(), lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay
+        )
+        return Critic(value_model, critic_config, optimizer)
 
     def _build_rollout(self, dtype: torch.dtype):
         config = self.config
@@ -191,6 +215,19 @@ class HybridWorker(Worker):
         """The reference policy's log-probs of the sampled responses."""
         micro = self.config.worker.ref.micro_batch_size_per_device_for_experience
         return Batch(tensors={"ref_log_probs": self.ref.compute_log_probs(batch, temperature, micro)})
+
+    def has_reference_model(self) -> bool:
+        """Whether this rank loaded a reference model (not with ``algorithm.disable_kl``)."""
+        return self.ref is not None
+
+    def compute_values(self, batch: Batch) -> Batch:
+        """The critic's values of the response states (PPO with GAE)."""
+        micro = self.config.worker.critic.micro_batch_size_per_device_for_experience
+        return Batch(tensors={"values": self.critic.compute_values(batch, micro)})
+
+    def update_critic(self, batch: Batch, mini_batch_size: int) -> dict[str, float]:
+        """One clipped value-regression update on this rank's share."""
+        return self.critic.update(batch, mini_batch_size)
 
     def update_actor(self, batch: Batch, temperature: float, mini_batch_size: int) -> dict[str, float]:
         """One policy update on this rank's share; the engine's weights are stale afterwards."""

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# CISPO (MiniMax-M1, 2025): clipped, stop-gradient importance weights on every token.
+# Qwen2.5-VL-7B-Instruct on Geometry3K, one node of 8 GPUs. On the tiny CPU model instead:
+#   CONFIG=examples/config_cpu.yaml MODEL_PATH=.cache/demo/model/qwen2_5_vl bash examples/qwen2_5_vl_7b_geo3k_cispo.sh trainer.max_steps=3
+set -euo pipefail
+CONFIG=${CONFIG:-examples/config.yaml}
+MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-VL-7B-Instruct}
+
+python3 -m easyr1.main \
+    config="${CONFIG}" \
+    worker.actor.model.model_path="${MODEL_PATH}" \
+    worker.actor.loss_type=cispo \
+    worker.actor.clip_ratio_low=0 \
+    worker.actor.clip_ratio_high=4 \
+    algorithm.disable_kl=true \
+    trainer.experiment_name=qwen2_5_vl_7b_geo3k_cispo \
+    "$@"

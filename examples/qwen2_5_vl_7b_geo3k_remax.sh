@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# ReMax (Li et al. 2023): the greedy response's reward is the baseline.
+# Qwen2.5-VL-7B-Instruct on Geometry3K, one node of 8 GPUs. On the tiny CPU model instead:
+#   CONFIG=examples/config_cpu.yaml MODEL_PATH=.cache/demo/model/qwen2_5_vl bash examples/qwen2_5_vl_7b_geo3k_remax.sh trainer.max_steps=3
+set -euo pipefail
+CONFIG=${CONFIG:-examples/config.yaml}
+MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-VL-7B-Instruct}
+
+python3 -m easyr1.main \
+    config="${CONFIG}" \
+    worker.actor.model.model_path="${MODEL_PATH}" \
+    algorithm.adv_estimator=remax \
+    algorithm.use_kl_loss=false \
+    algorithm.kl_penalty=kl \
+    trainer.experiment_name=qwen2_5_vl_7b_geo3k_remax \
+    "$@"

@@ -1,0 +1,121 @@
+"""Every advantage estimator with its natural loss, 3 steps on the tiny VLM through the CLI entry point.
+
+All runs share one Ray cluster (the CLI reuses a running one); each builds and tears down its own workers.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import ray
+from helpers import demo_config, start_ray
+from test_cli import base_args
+
+from easyr1.distributed import WorkerGroup
+from easyr1.main import main
+from easyr1.workers.hybrid_worker import HybridWorker
+
+
+pytestmark = pytest.mark.slow
+
+STEPS = 3
+
+RUNS = {
+    "grpo": ["algorithm.adv_estimator=grpo"],
+    "dr_grpo": [
+        "algorithm.adv_estimator=grpo",
+        "algorithm.norm_adv_by_std=false",
+        "worker.actor.loss_agg_mode=seq-mean-token-sum-norm",
+    ],
+    "grpo_passk": ["algorithm.adv_estimator=grpo_passk"],
+    "rloo": ["algorithm.adv_estimator=rloo", "worker.actor.loss_agg_mode=seq-mean-token-mean"],
+    "reinforce_plus_plus": ["algorithm.adv_estimator=reinforce_plus_plus"],
+    "reinforce_plus_plus_baseline": ["algorithm.adv_estimator=reinforce_plus_plus_baseline"],
+    "remax": ["algorithm.adv_estimator=remax"],
+    "ppo_gae": ["algorithm.adv_estimator=gae", "worker.critic.global_batch_size=16", "worker.critic.optim.lr=1e-3"],
+    "gspo": [
+        "worker.actor.loss_type=gspo",
+        "worker.actor.clip_ratio_low=3e-4",
+        "worker.actor.clip_ratio_high=4e-4",
+        "worker.actor.loss_agg_mode=seq-mean-token-mean",
+    ],
+    "gspo_token": ["worker.actor.loss_type=gspo_token", "worker.actor.loss_agg_mode=seq-mean-token-mean"],
+    "cispo": ["worker.actor.loss_type=cispo", "worker.actor.clip_ratio_low=0", "worker.actor.clip_ratio_high=4"],
+    "sapo": ["worker.actor.loss_type=sapo"],
+    "kl_loss": ["algorithm.disable_kl=false", "algorithm.use_kl_loss=true", "algorithm.kl_penalty=low_var_kl"],
+    "kl_in_reward_adaptive": ["algorithm.disable_kl=false", "algorithm.kl_type=adaptive", "algorithm.kl_coef=0.05"],
+    "rollout_correction": ["algorithm.rollout_correction=token_tis"],
+    "dapo_filtering": ["algorithm.online_filtering=true", "worker.actor.clip_ratio_high=0.28"],
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster():
+    start_ray()
+    yield
+    ray.shutdown()
+
+
+def run(model_dir, data_dir, run_dir, extra: list[str]) -> list[dict]:
+    code = main(
+        [
+            *base_args(model_dir, data_dir),
+            f"trainer.max_steps={STEPS}",
+            "worker.rollout.n=4",
+            f"trainer.save_checkpoint_path={run_dir}",
+            *extra,
+        ]
+    )
+    assert code == 0
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_algorithm_runs_three_steps(name, tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
+    records = run(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path / name, RUNS[name])
+    assert [record["step"] for record in records] == [1, 2, 3]
+    for record in records:
+        for key in ("actor/pg_loss", "actor/grad_norm", "reward/overall", "rollout/log_prob_gap"):
+            assert isinstance(record[key], float) and record[key] == record[key], (key, record)  # finite, not NaN
+    if name == "ppo_gae":
+        assert {"critic/vf_loss", "critic/grad_norm", "critic/vpred_mean"} <= set(records[0])
+    if name == "kl_loss":
+        assert "actor/kl_loss" in records[0] and "timing/ref" in records[0]
+    if name == "grpo":  # the demo config has disable_kl=true: no reference forward
+        assert "timing/ref" not in records[0]
+    if name == "kl_in_reward_adaptive":
+        assert records[0]["actor/kl_coef"] == pytest.approx(0.05)
+        assert records[1]["actor/kl_coef"] != records[0]["actor/kl_coef"]  # the controller moved it
+    if name == "rollout_correction":
+        assert "rollout/rollout_is_mean" in records[0]
+    if name == "dapo_filtering":
+        assert all(record["filter/rounds"] >= 1 for record in records)
+
+
+def test_disable_kl_loads_no_reference_model(tiny_qwen2_5_vl_dir, tiny_dataset_dir):
+    config = demo_config(tiny_qwen2_5_vl_dir, tiny_dataset_dir, "algorithm.disable_kl=true")
+    group = WorkerGroup(HybridWorker, 2, init_args=(config,))
+    try:
+        group.run_all("init_models")
+        assert group.run_all("has_reference_model") == [False, False]
+    finally:
+        group.shutdown()
+
+
+def test_online_filtering_gives_up_with_a_clear_error(capsys, tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
+    # no group can have a mean score strictly between 0.99 and 1.0 on this untrained model
+    code = main(
+        [
+            *base_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir),
+            "trainer.max_steps=1",
+            "algorithm.online_filtering=true",
+            "algorithm.filter_low=0.99",
+            "algorithm.filter_high=1.0",
+            "trainer.max_try_make_batch=2",
+            f"trainer.save_checkpoint_path={tmp_path}",
+        ]
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "trainer.max_try_make_batch=2" in err and "algorithm.filter_low" in err
