@@ -1,4 +1,4 @@
-"""The FSDP2 actor on 2 Ray workers against one unsharded process, and against other micro-batch sizes."""
+"""The FSDP2 actor on 2 Ray workers against one unsharded process and across micro-batch sizes, per loss mode."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 from helpers import demo_config, start_ray, training_batch
 
+from easyr1.algorithms import LOSS_AGG_MODES
 from easyr1.distributed import Worker, WorkerGroup
 from easyr1.distributed.fsdp import data_parallel_mesh, full_tensor, shard_model
 from easyr1.models.loading import load_model
@@ -68,8 +69,18 @@ def single_process(model_dir, actor_config, batch, micro_batch_size: int) -> dic
     return log_probs_and_update(build_actor(model_dir, actor_config, shard=False), batch, NUM_SAMPLES)
 
 
-def test_micro_batch_size_does_not_change_the_update(actor_setup):
+@pytest.fixture(scope="module")
+def two_workers():
+    start_ray()
+    group = WorkerGroup(ActorProbe, 2)
+    yield group
+    group.shutdown()
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_micro_batch_size_does_not_change_the_update(actor_setup, mode):
     model_dir, actor_config, batch = actor_setup
+    actor_config.loss_agg_mode = mode
     results = {size: single_process(model_dir, actor_config, batch, size) for size in (1, 2, 4)}
     reference = results[4]
     for size in (1, 2):
@@ -83,18 +94,15 @@ def test_micro_batch_size_does_not_change_the_update(actor_setup):
     assert (reference["probe"] - initial).abs().max() > 1e-4
 
 
-def test_two_fsdp_workers_equal_one_unsharded_process(actor_setup):
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_two_fsdp_workers_equal_one_unsharded_process(actor_setup, two_workers, mode):
     model_dir, actor_config, batch = actor_setup
+    actor_config.loss_agg_mode = mode
     actor_config.micro_batch_size_per_device_for_update = 2
     reference = single_process(model_dir, actor_config, batch, 2)
 
-    start_ray()
-    group = WorkerGroup(ActorProbe, 2)
-    try:
-        group.run_all("setup", model_dir, actor_config)
-        results = group.run_split("run", batch, NUM_SAMPLES // 2)
-    finally:
-        group.shutdown()
+    two_workers.run_all("setup", model_dir, actor_config)
+    results = two_workers.run_split("run", batch, NUM_SAMPLES // 2)
     assert [result["world_size"] for result in results] == [2, 2]
     sharded_log_probs = torch.cat([result["log_probs"] for result in results])
     torch.testing.assert_close(sharded_log_probs, reference["log_probs"], rtol=0, atol=1e-6)

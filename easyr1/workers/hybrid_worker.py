@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import transformers
 
-from easyr1.distributed.fsdp import data_parallel_mesh, full_tensor, shard_model
+from easyr1.distributed.fsdp import data_parallel_mesh, gathered_parameters, shard_model
 from easyr1.distributed.worker import Worker, device_type
 from easyr1.models.loading import load_model, load_tokenizer_and_processor, resolve_dtype
 from easyr1.protocol import Batch
@@ -186,9 +186,9 @@ class HybridWorker(Worker):
     def sync_rollout_weights(self) -> float:
         """Gather the actor's full weights and load them into the engine; returns the seconds it took."""
         start = time.perf_counter()
-        # Every rank runs its own engine, so every rank needs the whole state: gather each sharded tensor.
-        state = ((name, full_tensor(tensor.detach())) for name, tensor in self.actor.model.state_dict().items())
-        self.rollout.sync_weights(state)
+        # Every rank runs its own engine, so every rank gathers the whole model.
+        with gathered_parameters(self.actor.model) as named_parameters:
+            self.rollout.sync_weights(named_parameters)
         self.weights_stale = False
         return time.perf_counter() - start
 

@@ -82,9 +82,16 @@ class HFRollout:
                 break
         return new_ids, log_probs
 
+    @torch.no_grad()
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy the actor's full weights into the private model."""
-        self.model.load_state_dict(dict(named_tensors), strict=True)
+        """Copy the actor's full parameters into the private model; every parameter must be covered."""
+        own = dict(self.model.named_parameters())
+        copied = set()
+        for name, tensor in named_tensors:
+            own[name].copy_(tensor)
+            copied.add(name)
+        if copied != set(own):
+            raise RuntimeError(f"weight sync missed parameters: {sorted(set(own) - copied)[:5]}")
 
     def sleep(self) -> None:
         """Nothing to release: the copy stays resident."""
