@@ -370,6 +370,7 @@ class Trainer:
         prompt_lengths = batch["attention_mask"][:, : batch["prompts"].shape[1]].sum(dim=-1).float()
         max_response = self.config.data.max_response_length
         metrics: dict[str, float] = {
+            "batch/samples": float(len(batch)),
             "reward/overall": scores.mean().item(),
             "reward/overall_max": scores.max().item(),
             "reward/overall_min": scores.min().item(),

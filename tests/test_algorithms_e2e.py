@@ -90,7 +90,10 @@ def test_algorithm_runs_three_steps(name, tiny_qwen2_5_vl_dir, tiny_dataset_dir,
     if name == "rollout_correction":
         assert "rollout/rollout_is_mean" in records[0]
     if name == "dapo_filtering":
+        # uninformative groups are dropped and more prompts generated until the batch is full again
         assert all(record["filter/rounds"] >= 1 for record in records)
+        assert all(record["batch/samples"] == 16 * 4 for record in records)
+        assert any(record["filter/kept_ratio"] < 1 for record in records)
 
 
 def test_disable_kl_loads_no_reference_model(tiny_qwen2_5_vl_dir, tiny_dataset_dir):
