@@ -6,9 +6,9 @@ import re
 import shlex
 
 import pytest
+from helpers import REPO
 
 from easyr1.config import load_config
-from helpers import REPO
 
 
 SCRIPTS = sorted((REPO / "examples").glob("qwen2_5_vl_7b_geo3k_*.sh"))
@@ -32,7 +32,9 @@ def test_there_is_a_script_per_algorithm():
 def test_script_settings_load(script, config):
     overrides = script_overrides(script)
     assert overrides, f"{script.name} passes no settings"
-    loaded = load_config([f"config={REPO / 'examples' / config}", "worker.actor.model.model_path=/models/m", *overrides])
+    loaded = load_config(
+        [f"config={REPO / 'examples' / config}", "worker.actor.model.model_path=/models/m", *overrides]
+    )
     for override in overrides:
         key, value = override.split("=", 1)
         if key == "worker.reward.reward_function":
