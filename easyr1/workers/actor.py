@@ -97,6 +97,32 @@ def response_log_probs(
     return log_probs, entropy
 
 
+def global_normalizers(mask: torch.Tensor, world_size: int) -> dict[str, float]:
+    """The loss normalisers of a mini-batch: valid tokens and sequences summed over every worker's share.
+
+    Passed to :func:`~easyr1.algorithms.aggregate_loss` with every micro-batch, they make the accumulated gradient
+    independent of the micro-batch size and of the number of workers.
+    """
+    counts = torch.tensor(count_normalizers(mask), dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(counts)
+    return {
+        "num_global_tokens": counts[0].item(),
+        "num_global_seqs": counts[1].item(),
+        "world_size": world_size,
+        "loss_scale_factor": float(mask.shape[-1]),
+    }
+
+
+def clipped_optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float) -> float:
+    """Clip the global gradient norm, step unless it is not finite, clear the gradients; returns the norm."""
+    grad_norm = full_tensor(nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)).item()
+    if torch.isfinite(torch.tensor(grad_norm)):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm
+
+
 class Actor:
     """A sharded causal LM plus (for the policy) its optimizer and LR schedule."""
 
@@ -147,17 +173,7 @@ class Actor:
     def _update_on_mini_batch(self, mini_batch: Batch, temperature: float, world_size: int) -> dict[str, float]:
         """Gradient accumulation over micro-batches, then one clipped optimizer step."""
         config = self.config
-        mask = mini_batch["response_mask"]
-        num_tokens, num_seqs = count_normalizers(mask)
-        counts = torch.tensor([num_tokens, num_seqs], dtype=torch.float64)
-        if dist.is_initialized():
-            dist.all_reduce(counts)  # global counts over every worker's share of the mini-batch
-        norm = {
-            "num_global_tokens": counts[0].item(),
-            "num_global_seqs": counts[1].item(),
-            "world_size": world_size,
-            "loss_scale_factor": float(mask.shape[-1]),
-        }
+        norm = global_normalizers(mini_batch["response_mask"], world_size)
         loss_params = PolicyLossParams(
             clip_ratio_low=config.clip_ratio_low,
             clip_ratio_high=config.clip_ratio_high,
@@ -191,13 +207,9 @@ class Actor:
             # Every metric is this worker's share of a global mean, scaled by the world size (like the losses), so
             # the driver's mean over workers is the exact mean over the whole mini-batch.
             sums["actor/pg_loss"] += pg_loss.item()
-            weight = micro_mask.sum().item() / max(counts[0].item() / world_size, 1.0)
+            weight = micro_mask.sum().item() / max(norm["num_global_tokens"] / world_size, 1.0)
             sums["actor/entropy"] += masked_mean(entropy.detach(), micro_mask).item() * weight
             for key, value in policy_loss.metrics.items():
                 sums[f"actor/{key}"] += float(value) * weight
-        grad_norm = full_tensor(nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)).item()
-        if torch.isfinite(torch.tensor(grad_norm)):
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        sums["actor/grad_norm"] = grad_norm
+        sums["actor/grad_norm"] = clipped_optimizer_step(self.model, self.optimizer, config.max_grad_norm)
         return dict(sums)

@@ -14,11 +14,10 @@ import torch.distributed as dist
 from torch import nn
 from transformers import PreTrainedModel
 
-from easyr1.algorithms import aggregate_loss, count_normalizers
+from easyr1.algorithms import aggregate_loss
 from easyr1.algorithms.value_loss import compute_value_loss
-from easyr1.distributed.fsdp import full_tensor
 from easyr1.protocol import Batch
-from easyr1.workers.actor import forward_inputs
+from easyr1.workers.actor import clipped_optimizer_step, forward_inputs, global_normalizers
 
 
 class ValueModel(nn.Module):
@@ -71,15 +70,7 @@ class Critic:
         totals: dict[str, list[float]] = defaultdict(list)
         for _ in range(config.ppo_epochs):
             for mini_batch in batch.split(mini_batch_size):
-                mask = mini_batch["response_mask"]
-                counts = torch.tensor(count_normalizers(mask), dtype=torch.float64)
-                if dist.is_initialized():
-                    dist.all_reduce(counts)
-                norm = {
-                    "num_global_tokens": counts[0].item(),
-                    "num_global_seqs": counts[1].item(),
-                    "world_size": world_size,
-                }
+                norm = global_normalizers(mini_batch["response_mask"], world_size)
                 sums: dict[str, float] = defaultdict(float)
                 for micro in mini_batch.split(config.micro_batch_size_per_device_for_update):
                     micro_mask = micro["response_mask"]
@@ -90,14 +81,10 @@ class Critic:
                     loss = aggregate_loss(loss_mat, micro_mask, "token-mean", **norm)
                     loss.backward()
                     sums["critic/vf_loss"] += loss.item()
-                    weight = micro_mask.sum().item() / max(counts[0].item() / world_size, 1.0)
+                    weight = micro_mask.sum().item() / max(norm["num_global_tokens"] / world_size, 1.0)
                     for key, value in metrics.items():
                         sums[f"critic/{key}"] += value * weight
-                grad_norm = full_tensor(nn.utils.clip_grad_norm_(self.model.parameters(), config.max_grad_norm)).item()
-                if torch.isfinite(torch.tensor(grad_norm)):
-                    self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                sums["critic/grad_norm"] = grad_norm
+                sums["critic/grad_norm"] = clipped_optimizer_step(self.model, self.optimizer, config.max_grad_norm)
                 for key, value in sums.items():
                     totals[key].append(value)
         return {key: sum(values) / len(values) for key, values in totals.items()}
