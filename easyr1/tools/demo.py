@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"easyr1: error: {error}", file=sys.stderr)
         return 2
     first, last = summarize(history)
+    config = load_config(overrides)
+    print(f"per-step metrics: {Path(config.trainer.log_dir) / 'metrics.jsonl'}")
     label = "demo-control" if args.shuffle_images else "demo"
     seconds = time.time() - start
     print(f"{label}: reward_first={first:.3f} reward_last={last:.3f} steps={len(history)} seconds={seconds:.0f}")
