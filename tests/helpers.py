@@ -22,17 +22,19 @@ def start_ray(num_cpus: int = 4) -> None:
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    if not ray.is_initialized():
-        ray.init(
-            num_cpus=num_cpus,
-            object_store_memory=256 * 1024**2,
-            include_dashboard=False,
-            logging_level="WARNING",
-            # test modules define worker classes; the workers import them from here
-            runtime_env={
-                "env_vars": {"RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "tests")}
-            },
-        )
+    if ray.is_initialized():
+        # a cluster left by another test module (e.g. one the CLI started) lacks the tests' import path
+        ray.shutdown()
+    ray.init(
+        num_cpus=num_cpus,
+        object_store_memory=256 * 1024**2,
+        include_dashboard=False,
+        logging_level="WARNING",
+        # test modules define worker classes; the workers import them from here
+        runtime_env={
+            "env_vars": {"RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "tests")}
+        },
+    )
 
 
 def demo_config(model_dir: Path, data_dir: Path, *overrides: str) -> PPOConfig:
