@@ -50,18 +50,22 @@ class WorkerGroup:
             ).remote(*init_args, **(init_kwargs or {}))
             for rank in range(num_workers)
         ]
-        addresses = ray.get([worker.node_address_and_free_port.remote() for worker in self.workers])
-        master_addr, master_port = addresses[0]
-        if len({address for address, _ in addresses}) == 1:
-            master_addr = "127.0.0.1"  # one node: loopback, since Ray may report an address gloo cannot bind
-        ray.get(
-            [
-                worker.init_distributed.remote(
-                    rank, num_workers, master_addr, master_port, threads_per_worker, backend
-                )
-                for rank, worker in enumerate(self.workers)
-            ]
-        )
+        try:
+            addresses = ray.get([worker.node_address_and_free_port.remote() for worker in self.workers])
+            master_addr, master_port = addresses[0]
+            if len({address for address, _ in addresses}) == 1:
+                master_addr = "127.0.0.1"  # one node: loopback, since Ray may report an address gloo cannot bind
+            ray.get(
+                [
+                    worker.init_distributed.remote(
+                        rank, num_workers, master_addr, master_port, threads_per_worker, backend
+                    )
+                    for rank, worker in enumerate(self.workers)
+                ]
+            )
+        except Exception:
+            self.shutdown()  # release the reserved resources, or the next group would wait for them forever
+            raise
 
     def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Call ``method`` with the same arguments on every worker; results in rank order."""
