@@ -347,9 +347,9 @@ class TrainerConfig:
     val_before_train: bool = _option(True, "validate before the first step")
     val_only: bool = _option(False, "validate and stop without training")
     val_generations_to_log: int = _option(3, "validation samples shown in the logs")
-    save_freq: int = _option(-1, "save a checkpoint every this many steps (-1: never)")
-    save_limit: int = _option(-1, "checkpoints kept on disk (-1: all)")
-    save_model_only: bool = _option(False, "save the model weights only, without optimizer state")
+    save_freq: int = _option(-1, "save a checkpoint every this many steps (-1: only after the last step)")
+    save_limit: int = _option(-1, "newest checkpoints kept on disk, plus the best by validation reward (-1: all)")
+    save_model_only: bool = _option(False, "save the model weights only (smaller, but training cannot resume from it)")
     save_checkpoint_path: str | None = _option(None, "checkpoint directory (null: checkpoints/<project>/<experiment>)")
     load_checkpoint_path: str | None = _option(None, "a global_step_N directory to resume from")
     find_last_checkpoint: bool = _option(True, "resume from the latest checkpoint in save_checkpoint_path if any")
@@ -1067,9 +1067,8 @@ _NOT_YET_ACTIVE: dict[str, Any] = {
     "worker.actor.offload.offload_optimizer": False,
     "trainer.val_before_train": False,
     "trainer.val_only": False,
-    "trainer.load_checkpoint_path": None,
 }
-_NOT_YET_ACTIVE_IF_POSITIVE = ("trainer.val_freq", "trainer.save_freq")
+_NOT_YET_ACTIVE_IF_POSITIVE = ("trainer.val_freq",)
 
 
 def inactive_settings(config: PPOConfig) -> list[str]:

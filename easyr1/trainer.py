@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import ray
 import torch
-from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
 from tqdm import tqdm
 
 from easyr1.algorithms import (
@@ -30,8 +29,11 @@ from easyr1.algorithms import (
     rollout_correction_weights,
     rollout_mismatch_metrics,
 )
-from easyr1.config import PPOConfig
+from easyr1.checkpoint.manager import TRAINER_STATE_NAME, CheckpointDirectory
+from easyr1.checkpoint.sharded import rng_state, save_durably, set_rng_state
+from easyr1.config import PPOConfig, to_yaml
 from easyr1.data import RLDataset, collate_fn
+from easyr1.data.sampler import PromptStream
 from easyr1.distributed import WorkerGroup
 from easyr1.distributed.worker import device_type, pick_backend
 from easyr1.errors import UserError
@@ -100,8 +102,15 @@ class Trainer:
         self.train_dataset = RLDataset.from_config(
             config.data, config.data.train_files, self.tokenizer, self.processor, model_config
         )
-        self.train_loader = self._make_loader(self.train_dataset, config.data.rollout_batch_size, config.data.shuffle)
-        steps_per_epoch = len(self.train_loader)
+        self.prompts = PromptStream(
+            self.train_dataset,
+            config.data.rollout_batch_size,
+            config.data.shuffle,
+            config.data.seed,
+            collate_fn,
+            config.data.dataloader_num_workers,
+        )
+        steps_per_epoch = self.prompts.steps_per_epoch
         if steps_per_epoch == 0:
             raise UserError(
                 f"data.train_files ({config.data.train_files}) has {len(self.train_dataset)} usable rows, fewer than "
@@ -109,8 +118,21 @@ class Trainer:
             )
         self.total_steps = config.trainer.max_steps or steps_per_epoch * config.trainer.total_epochs
         config.worker.actor.optim.training_steps = self.total_steps
+        # Which checkpoint to continue from is settled (and its state read) before any model loads.
+        self.checkpoints = CheckpointDirectory(config.trainer.save_checkpoint_path, config.trainer.save_limit)
+        self.resume_from = self.checkpoints.resume_path(
+            config.trainer.load_checkpoint_path, config.trainer.find_last_checkpoint
+        )
+        resumed_state = {}
+        if self.resume_from:
+            resumed_state = torch.load(self.resume_from / TRAINER_STATE_NAME, weights_only=False)
+        for leftover in self.checkpoints.remove_leftovers():
+            print(f"easyr1: removed {leftover}, a checkpoint write that was interrupted", flush=True)
+        self.global_step = int(resumed_state.get("global_step", 0))
         self.log_dir = Path(config.trainer.log_dir)
-        self.trackers = build_trackers(list(config.trainer.logger), self.log_dir)
+        self.trackers = build_trackers(
+            list(config.trainer.logger), self.log_dir, resume_step=self.global_step if self.resume_from else None
+        )
 
         self.reward_actor = RewardActor.options(num_cpus=config.worker.reward.num_cpus).remote(
             config.worker.reward.reward_function,
@@ -136,32 +158,30 @@ class Trainer:
         self.kl_controller = build_kl_controller(
             algorithm.kl_type, algorithm.kl_coef, algorithm.kl_target, algorithm.kl_horizon
         )
-        self.prompt_batches = self._prompt_batches()
-
-    def _make_loader(self, dataset: RLDataset, batch_size: int, shuffle: bool) -> DataLoader:
-        generator = torch.Generator().manual_seed(self.config.data.seed)
-        sampler = RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
-        return DataLoader(
-            dataset,
-            batch_size=batch_size,
-            sampler=sampler,
-            drop_last=True,
-            collate_fn=collate_fn,
-            num_workers=self.config.data.dataloader_num_workers,
-        )
-
-    def _prompt_batches(self) -> Iterator[Batch]:
-        """Batches of prompts, epoch after epoch, until the loop stops asking."""
-        while True:
-            yield from self.train_loader
+        if self.resume_from:
+            self._load_checkpoint(self.resume_from, resumed_state)
 
     # ------------------------------------------------------------------------------------------------- loop
     def fit(self) -> list[dict[str, float]]:
-        """Train for ``total_steps`` steps; returns every step's metrics."""
+        """Train from the current step up to ``total_steps``; returns the metrics of the steps run."""
         history = []
-        with tqdm(total=self.total_steps, desc="train", unit="step", dynamic_ncols=True, disable=None) as progress:
-            for step in range(1, self.total_steps + 1):
-                metrics = self.train_step(next(self.prompt_batches), step)
+        save_freq = self.config.trainer.save_freq
+        with tqdm(
+            total=self.total_steps,
+            initial=self.global_step,
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+            disable=None,
+        ) as progress:
+            for step in range(self.global_step + 1, self.total_steps + 1):
+                metrics = self.train_step(self.prompts.next(), step)
+                self.global_step = step
+                # Like EasyR1: every save_freq steps, and always after the last step.
+                if (save_freq > 0 and step % save_freq == 0) or step == self.total_steps:
+                    start = time.perf_counter()
+                    self.save_checkpoint()
+                    metrics["timing/save_checkpoint"] = time.perf_counter() - start
                 history.append(metrics)
                 for tracker in self.trackers:
                     tracker.log(metrics, step)
@@ -169,6 +189,29 @@ class Trainer:
         for tracker in self.trackers:
             tracker.close()
         return history
+
+    # ------------------------------------------------------------------------------------------- checkpoints
+    def save_checkpoint(self, val_score: float | None = None) -> Path:
+        """Write the full training state of ``global_step`` and commit it atomically; returns its directory."""
+        staging = self.checkpoints.staging_dir(self.global_step)
+        self.workers.run_all("save_checkpoint", str(staging), self.config.trainer.save_model_only)
+        driver_state = {
+            "global_step": self.global_step,
+            "prompts": self.prompts.state_dict(),
+            "kl_controller": self.kl_controller.state_dict(),
+            "rng": rng_state(),
+        }
+        save_durably(driver_state, staging / TRAINER_STATE_NAME)
+        (staging / "config.yaml").write_text(to_yaml(self.config), encoding="utf-8")
+        return self.checkpoints.commit(self.global_step, staging, val_score)
+
+    def _load_checkpoint(self, step_dir: Path, driver_state: dict[str, Any]) -> None:
+        """Restore the workers' models and optimizers and the driver's data position, KL controller and RNGs."""
+        self.workers.run_all("load_checkpoint", str(step_dir))
+        self.prompts.load_state_dict(driver_state["prompts"])
+        self.kl_controller.load_state_dict(driver_state["kl_controller"])
+        set_rng_state(driver_state["rng"])
+        print(f"easyr1: resumed from {step_dir} (step {self.global_step} of {self.total_steps})", flush=True)
 
     def shutdown(self) -> None:
         """Stop the workers and the reward actor (the Ray cluster itself stays up)."""
@@ -286,7 +329,7 @@ class Trainer:
         kept_batches, kept_sub_scores, generated = [], [], 0
         for attempt in range(self.config.trainer.max_try_make_batch):
             if attempt:
-                batch = self._generate(next(self.prompt_batches), step, attempt)
+                batch = self._generate(self.prompts.next(), step, attempt)
                 reward = self.reward_actor.score.remote(self._reward_inputs(batch))
             scores, sub_scores = self._resolve_reward(reward)
             generated += len(batch)

@@ -20,12 +20,30 @@ def test_file_tracker_writes_one_json_object_per_step(tmp_path):
     assert math.isnan(float(records[0]["actor/grad_norm"]))
 
 
-def test_file_tracker_appends_on_resume(tmp_path):
-    for step in (1, 2):
-        tracker = FileTracker(tmp_path, resume=True)
+def test_resumed_run_continues_the_file_from_its_resume_step(tmp_path):
+    tracker = FileTracker(tmp_path)
+    for step in range(1, 5):
         tracker.log({"a": float(step)}, step=step)
+    tracker.close()
+    with (tmp_path / "metrics.jsonl").open("a") as file:
+        file.write('{"step": 5, "a": ')  # a line cut short by a kill
+    tracker = FileTracker(tmp_path, resume_step=2)
+    for step in (3, 4):
+        tracker.log({"a": 10.0 * step}, step=step)
+    tracker.close()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["a"]) for r in records] == [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0)]
+    (earlier,) = [path for path in tmp_path.iterdir() if path.name != "metrics.jsonl"]
+    assert len(earlier.read_text().splitlines()) == 5  # the interrupted run's file is kept whole
+
+
+def test_runs_in_the_same_second_keep_every_earlier_file(tmp_path):
+    for value in range(3):
+        tracker = FileTracker(tmp_path)
+        tracker.log({"a": float(value)}, step=1)
         tracker.close()
-    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+    kept = sorted(json.loads(path.read_text())["a"] for path in tmp_path.iterdir() if path.name != "metrics.jsonl")
+    assert kept == [0.0, 1.0]
 
 
 def test_new_run_keeps_the_old_file_aside(tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -57,6 +58,16 @@ class ConsoleTracker:
         """Nothing to release."""
 
 
+def _step_of(line: str) -> int | None:
+    """The ``step`` of one metrics line; ``None`` for a line cut short by a crash."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if isinstance(step, int) else None
+
+
 def _json_value(value: Any) -> Any:
     """JSON has no NaN/inf: write them as strings so the file stays valid JSON lines."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -67,19 +78,42 @@ def _json_value(value: Any) -> Any:
 class FileTracker:
     """Append-only JSON lines, one object per step: ``{"step": N, "metric": value, ...}``.
 
-    A new run never writes into an older run's file: an existing file is first renamed to
-    ``metrics.<time>.jsonl`` (nothing is deleted). With ``resume=True`` the run appends to it instead.
+    A run never writes into an older run's file: an existing file is first renamed to
+    ``metrics.<time>.jsonl`` (nothing is deleted). A run resumed from step ``resume_step`` starts its file with
+    the older file's records up to that step, so the file reads as one uninterrupted run.
     """
 
-    def __init__(self, log_dir: str | os.PathLike, filename: str = "metrics.jsonl", resume: bool = False) -> None:
+    def __init__(
+        self, log_dir: str | os.PathLike, filename: str = "metrics.jsonl", resume_step: int | None = None
+    ) -> None:
         self.path = Path(log_dir) / filename
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.exists() and not resume:
-            stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.path.stat().st_mtime))
-            kept = self.path.with_name(f"{self.path.stem}.{stamp}{self.path.suffix}")
-            os.replace(self.path, kept)
-            print(f"easyr1: an earlier run's metrics were moved to {kept}", flush=True)
+        if self.path.exists():
+            earlier = self._aside_name()
+            if resume_step is None:
+                os.replace(self.path, earlier)
+            else:
+                # Copy aside, then atomically replace the file by its records up to the resume step: whenever this
+                # is interrupted, metrics.jsonl still holds every record a later resume needs.
+                shutil.copyfile(self.path, earlier)
+                steps = [(_step_of(line), line) for line in self.path.read_text(encoding="utf-8").splitlines()]
+                kept = [line for step, line in steps if step is not None and step <= resume_step]
+                staging = self.path.with_name(self.path.name + ".tmp")
+                with staging.open("w", encoding="utf-8") as file:
+                    file.write("".join(line + "\n" for line in kept))
+                    file.flush()
+                    os.fsync(file.fileno())
+                os.replace(staging, self.path)
+            print(f"easyr1: an earlier run's metrics were copied to {earlier}", flush=True)
         self._file = self.path.open("a", encoding="utf-8")
+
+    def _aside_name(self) -> Path:
+        """``metrics.<time of the old file>[-k].jsonl``, never an existing name."""
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.path.stat().st_mtime))
+        aside, copy = self.path.with_name(f"{self.path.stem}.{stamp}{self.path.suffix}"), 1
+        while aside.exists():  # two runs within one second must not overwrite each other's file
+            aside, copy = self.path.with_name(f"{self.path.stem}.{stamp}-{copy}{self.path.suffix}"), copy + 1
+        return aside
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         """Append one line and flush it to disk."""
@@ -93,14 +127,14 @@ class FileTracker:
         self._file.close()
 
 
-def build_trackers(names: list[str], log_dir: str | os.PathLike) -> list[Tracker]:
-    """Instantiate the trackers named in ``trainer.logger``."""
+def build_trackers(names: list[str], log_dir: str | os.PathLike, resume_step: int | None = None) -> list[Tracker]:
+    """Instantiate the trackers named in ``trainer.logger`` (``resume_step``: the run continues from that step)."""
     trackers: list[Tracker] = []
     for name in names:
         if name == "console":
             trackers.append(ConsoleTracker())
         elif name == "file":
-            trackers.append(FileTracker(log_dir))
+            trackers.append(FileTracker(log_dir, resume_step=resume_step))
         else:
             raise ConfigError(
                 f"trainer.logger: '{name}' is not available in this version; use any of ['console', 'file']"

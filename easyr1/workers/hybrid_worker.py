@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import transformers
 
+from easyr1.checkpoint.sharded import load_component, save_component, save_hf_metadata
 from easyr1.distributed.fsdp import data_parallel_mesh, gathered_parameters, shard_model
 from easyr1.distributed.worker import Worker, device_type
 from easyr1.models.loading import load_model, load_tokenizer_and_processor, resolve_dtype
@@ -234,3 +237,25 @@ class HybridWorker(Worker):
         metrics = self.actor.update_policy(batch, temperature, mini_batch_size)
         self.weights_stale = True
         return metrics
+
+    # ------------------------------------------------------------------------------------------- checkpoints
+    def save_checkpoint(self, step_dir: str, model_only: bool = False) -> None:
+        """Write this rank's shards of the actor (and critic) under ``step_dir``; collective over all ranks.
+
+        Rank 0 also writes the Hugging Face metadata (config, tokenizer, processor) next to the actor's shards.
+        """
+        actor_dir = Path(step_dir) / "actor"
+        save_component(actor_dir, self.actor.model, self.actor.optimizer, self.actor.lr_scheduler, model_only)
+        if dist.get_rank() == 0:
+            save_hf_metadata(actor_dir, self.actor.model, self.tokenizer, self.processor)
+        if self.critic is not None:
+            save_component(Path(step_dir) / "critic", self.critic.model, self.critic.optimizer, None, model_only)
+        dist.barrier()
+
+    def load_checkpoint(self, step_dir: str) -> None:
+        """Restore the actor (and critic) from ``step_dir``; the engine gets the restored weights on next use."""
+        load_component(Path(step_dir) / "actor", self.actor.model, self.actor.optimizer, self.actor.lr_scheduler)
+        if self.critic is not None:
+            load_component(Path(step_dir) / "critic", self.critic.model, self.critic.optimizer, None)
+        self.weights_stale = True
+        dist.barrier()

@@ -1,0 +1,122 @@
+"""Fault test: ``kill -9`` the driver during a checkpoint write and at a random moment, resume, and get exactly
+the metrics of an uninterrupted run; the checkpoint directory never holds a partial step afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_cli import base_args, run_cli
+
+from easyr1.checkpoint.manager import TRACKER_NAME, CheckpointDirectory
+
+
+pytestmark = pytest.mark.slow
+
+STEPS = 6
+
+
+def run_args(model_dir: Path, data_dir: Path, run_dir: Path) -> list[str]:
+    """6 steps (64 rows / 16 prompts: the run crosses an epoch boundary), a checkpoint every 2 steps, and an
+    adaptive KL controller in the reward, so the data position, optimizer, scheduler and KL state all matter."""
+    return [
+        *base_args(model_dir, data_dir),
+        f"trainer.max_steps={STEPS}",
+        "trainer.save_freq=2",
+        "algorithm.disable_kl=false",
+        "algorithm.use_kl_loss=false",
+        "algorithm.kl_type=adaptive",
+        "worker.actor.optim.lr=1e-3",
+        f"trainer.save_checkpoint_path={run_dir}",
+    ]
+
+
+def start(args: list[str], log: Path) -> subprocess.Popen:
+    """The CLI in its own process group, so a kill reaches Ray's helper processes too."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "easyr1.main", *args],
+            cwd=Path(__file__).resolve().parents[1],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def kill_hard(process: subprocess.Popen) -> None:
+    """``kill -9`` the driver, then whatever of its process group is left (Ray's agents)."""
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    time.sleep(2)  # let the orphaned workers notice their driver is gone
+
+
+def deterministic_metrics(run_dir: Path) -> dict[int, dict[str, float]]:
+    """Per step, every metric except wall times."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [record["step"] for record in records]
+    assert steps == sorted(set(steps)), f"steps logged twice or out of order: {steps}"
+    return {
+        record["step"]: {k: v for k, v in record.items() if not k.startswith(("timing/", "throughput/"))}
+        for record in records
+    }
+
+
+def test_kill_during_checkpoint_write_and_at_random_then_resume_exactly(
+    tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path
+):
+    reference_dir, run_dir = tmp_path / "uninterrupted", tmp_path / "interrupted"
+    began = time.perf_counter()
+    reference = run_cli(run_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir, reference_dir))
+    reference_seconds = time.perf_counter() - began
+    assert reference.returncode == 0, reference.stderr[-4000:]
+    expected = deterministic_metrics(reference_dir)
+    assert sorted(expected) == list(range(1, STEPS + 1))
+
+    # 1. Killed while step 4's checkpoint is being written: the partial step stays on disk under its staging name.
+    args = run_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir, run_dir)
+    process = start(args, tmp_path / "run1.log")
+    partial = run_dir / "global_step_4.partial"
+    deadline = time.monotonic() + 600
+    while not partial.exists():
+        assert process.poll() is None, (tmp_path / "run1.log").read_text()[-4000:]
+        assert time.monotonic() < deadline, "step 4's checkpoint was never written"
+        time.sleep(0.002)
+    kill_hard(process)
+    assert partial.exists() and not (run_dir / "global_step_4").exists()
+    assert CheckpointDirectory(run_dir).complete_steps() == [2]
+
+    # 2. Resumed, and killed again at a random moment of its run (or not at all if it finishes first).
+    seed = int(os.environ.get("EASYR1_FAULT_SEED", random.SystemRandom().randrange(10**6)))
+    delay = random.Random(seed).uniform(0.0, reference_seconds)
+    process = start(args, tmp_path / "run2.log")
+    try:
+        process.wait(timeout=delay)
+    except subprocess.TimeoutExpired:
+        kill_hard(process)
+    context = f"(second kill after {delay:.1f} s; EASYR1_FAULT_SEED={seed} replays it)"
+
+    # 3. Resumed to the end.
+    final = run_cli(args)
+    assert final.returncode == 0, f"{context}\n{final.stderr[-4000:]}"
+    assert "resumed from" in final.stdout, context
+
+    actual = deterministic_metrics(run_dir)
+    assert sorted(actual) == list(range(1, STEPS + 1)), context
+    for step in expected:
+        assert actual[step] == expected[step], f"step {step} differs {context}"
+    checkpoints = CheckpointDirectory(run_dir)
+    assert checkpoints.leftovers() == [] and checkpoints.complete_steps() == [2, 4, 6], context
+    assert json.loads((run_dir / TRACKER_NAME).read_text())["last_global_step"] == STEPS
