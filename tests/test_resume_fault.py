@@ -24,12 +24,15 @@ STEPS = 6
 
 
 def run_args(model_dir: Path, data_dir: Path, run_dir: Path) -> list[str]:
-    """6 steps (64 rows / 16 prompts: the run crosses an epoch boundary), a checkpoint every 2 steps, and an
-    adaptive KL controller in the reward, so the data position, optimizer, scheduler and KL state all matter."""
+    """6 steps (64 rows / 16 prompts: the run crosses an epoch boundary), a checkpoint every 2 steps, PPO with a
+    critic, a cosine LR schedule and an adaptive KL controller in the reward: the data position, both models'
+    weights and optimizer state, the scheduler and the KL state all have to come back exactly."""
     return [
         *base_args(model_dir, data_dir),
         f"trainer.max_steps={STEPS}",
         "trainer.save_freq=2",
+        "algorithm.adv_estimator=gae",
+        "worker.actor.optim.lr_scheduler_type=cosine",
         "algorithm.disable_kl=false",
         "algorithm.use_kl_loss=false",
         "algorithm.kl_type=adaptive",

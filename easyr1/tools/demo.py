@@ -88,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         f"trainer.seed={args.seed}",
         f"worker.rollout.seed={args.seed}",
         f"trainer.experiment_name=shape_color_grpo_seed{args.seed}",
+        # each demo run trains from scratch; pass trainer.find_last_checkpoint=true to continue an interrupted one
+        "trainer.find_last_checkpoint=false",
         *args.overrides,
     ]
     try:
@@ -99,13 +101,18 @@ def main(argv: list[str] | None = None) -> int:
                 f"data.train_files={shuffled}",
                 f"trainer.experiment_name=shape_color_shuffled_seed{args.seed}",
             ]
-        history = run(overrides)
+        run(overrides)
     except UserError as error:
         print(f"easyr1: error: {error}", file=sys.stderr)
         return 2
-    first, last = summarize(history)
     config = load_config(overrides)
-    print(f"per-step metrics: {Path(config.trainer.log_dir) / 'metrics.jsonl'}")
+    metrics_file = Path(config.trainer.log_dir) / "metrics.jsonl"
+    # the whole run's curve, also when this invocation resumed an interrupted run
+    history = [json.loads(line) for line in metrics_file.read_text(encoding="utf-8").splitlines()]
+    first, last = summarize(history)
+    print(f"per-step metrics: {metrics_file}")
+    final_actor = Path(config.trainer.save_checkpoint_path) / f"global_step_{len(history)}" / "actor"
+    print(f"final checkpoint: {final_actor} (export: python scripts/model_merger.py --local_dir {final_actor})")
     label = "demo-control" if args.shuffle_images else "demo"
     seconds = time.time() - start
     print(f"{label}: reward_first={first:.3f} reward_last={last:.3f} steps={len(history)} seconds={seconds:.0f}")
