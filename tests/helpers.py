@@ -51,8 +51,10 @@ def demo_config(model_dir: Path, data_dir: Path, *overrides: str) -> PPOConfig:
     )
 
 
-def prompt_batch(model_dir: Path, data_dir: Path, count: int, max_prompt_length: int = 64) -> Batch:
-    """The first ``count`` prompts of the dataset, collated."""
+def prompt_batch(
+    model_dir: Path, data_dir: Path, count: int, max_prompt_length: int = 64, pixels: int = 3136
+) -> Batch:
+    """The first ``count`` prompts of the dataset, collated (images resized to ``pixels`` pixels)."""
     tokenizer, processor = load_tokenizer_and_processor(str(model_dir))
     dataset = RLDataset(
         str(data_dir / "train.jsonl"),
@@ -61,17 +63,19 @@ def prompt_batch(model_dir: Path, data_dir: Path, count: int, max_prompt_length:
         prompt_key="problem",
         answer_key="answer",
         max_prompt_length=max_prompt_length,
-        min_pixels=3136,
-        max_pixels=3136,
+        min_pixels=pixels,
+        max_pixels=pixels,
         model_config=load_model_config(str(model_dir)),
     )
     return collate_fn([dataset[i] for i in range(count)])
 
 
-def training_batch(model_dir: Path, data_dir: Path, count: int, response_length: int = 6, seed: int = 0) -> Batch:
+def training_batch(
+    model_dir: Path, data_dir: Path, count: int, response_length: int = 6, seed: int = 0, pixels: int = 3136
+) -> Batch:
     """Prompts with random responses of random lengths, random advantages and perturbed old log-probs."""
     generator = torch.Generator().manual_seed(seed)
-    prompts = prompt_batch(model_dir, data_dir, count)
+    prompts = prompt_batch(model_dir, data_dir, count, pixels=pixels)
     lengths = torch.randint(1, response_length + 1, (count,), generator=generator).tolist()
     responses = [torch.randint(0, 300, (length,), generator=generator).tolist() for length in lengths]
     batch = pack_responses(prompts, responses, [[0.0] * len(r) for r in responses], response_length, pad_token_id=0)
