@@ -226,8 +226,10 @@ class ActorConfig:
         None, "EasyR1's older name: 'token' sets loss_agg_mode=token-mean, 'seq' sets seq-mean-token-mean"
     )
     ppo_epochs: int = _option(1, "passes over each rollout batch")
-    padding_free: bool = _option(False, "pack samples into one row without padding")
-    dynamic_batching: bool = _option(False, "form micro-batches by token count instead of sample count")
+    padding_free: bool = _option(False, "pack each micro-batch into one row without padding (same values)")
+    dynamic_batching: bool = _option(
+        False, "micro-batches of near-equal token count, as many as micro_batch_size full-length rows would need"
+    )
     ulysses_size: int = _option(1, "Ulysses sequence-parallel group size")
     use_torch_compile: bool = _option(False, "compile the log-prob computation with torch.compile")
     entropy_coeff: float = _option(0.0, "weight of the entropy bonus in the policy loss")
@@ -1057,8 +1059,6 @@ def to_yaml(config: PPOConfig) -> str:
 # Settings this version accepts (so EasyR1 configs load) but does not act on yet, with their neutral values.
 _NOT_YET_ACTIVE: dict[str, Any] = {
     "data.mini_rollout_batch_size": None,
-    "worker.actor.padding_free": False,
-    "worker.actor.dynamic_batching": False,
     "worker.actor.ulysses_size": 1,
     "worker.actor.use_torch_compile": False,
     "worker.actor.model.lora.rank": 0,

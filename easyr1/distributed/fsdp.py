@@ -31,7 +31,7 @@ def shard_model(
     cpu_offload: bool = False,
     reshard_after_forward: bool = True,
 ) -> nn.Module:
-    """Apply ``fully_shard`` to each block named in ``model._no_split_modules``, then to the whole model.
+    """Apply ``fully_shard`` to each decoder block named in ``model._no_split_modules``, then to the whole model.
 
     ``param_dtype`` enables mixed precision (compute in that dtype, keep fp32 master weights); leave it
     ``None`` to compute in the parameters' own dtype.
@@ -42,7 +42,14 @@ def shard_model(
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     if cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
-    blocks = [module for module in model.modules() if type(module).__name__ in block_names]
+    # The vision tower stays in the root unit: gathered once per forward however often it runs (a Qwen-VL forward
+    # runs it once for images, once for videos, not at all for text), so ranks with different mixes of rows issue
+    # the same collectives. See models/vision_tower.py for the other half (every vision weight gets a gradient).
+    blocks = [
+        module
+        for name, module in model.named_modules()
+        if type(module).__name__ in block_names and "visual" not in name.split(".")
+    ]
     if not blocks:
         raise ValueError(f"{type(model).__name__} lists no shardable blocks in _no_split_modules")
     for block in blocks:

@@ -27,7 +27,9 @@ from easyr1.algorithms import (
     masked_mean,
 )
 from easyr1.distributed.fsdp import full_tensor
+from easyr1.models.vision_tower import vision_keepalive
 from easyr1.protocol import Batch
+from easyr1.workers.packing import packed_response_logits, token_budget_groups
 
 
 def merge_vision_inputs(rows: Any) -> dict[str, torch.Tensor]:
@@ -74,20 +76,28 @@ def response_log_probs(
     temperature: float,
     with_entropy: bool = False,
     banned_token_ids: list[int] | None = None,
+    padding_free: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and optionally entropies) of the response tokens under ``model``.
 
     Shapes: ``input_ids`` / ``attention_mask`` (B, P + R), ``position_ids`` (B, 4, P + R) or (B, P + R),
-    ``responses`` (B, R); returns (B, R) tensors in float32.
+    ``responses`` (B, R); returns (B, R) tensors in float32. ``padding_free`` packs the micro-batch into one row
+    (same values, no compute spent on padding; see :mod:`easyr1.workers.packing`).
     """
     responses = micro_batch["responses"]
     response_length = responses.shape[-1]
-    output = model(
-        **forward_inputs(micro_batch),
-        use_cache=False,
-        logits_to_keep=response_length + 1,  # the logits that predict the response tokens (and one extra)
-    )
-    logits = output.logits[:, :-1]  # (B, R, V); the log-prob helpers upcast chunk by chunk
+    inputs = forward_inputs(micro_batch)
+    vision = {key: value for key, value in inputs.items() if key not in _TEXT_INPUTS}
+    keepalive = vision_keepalive(model, model, vision)  # before the forward: see models/vision_tower.py
+    if padding_free:
+        ids, mask, positions = (micro_batch[key] for key in _TEXT_INPUTS)
+        logits = packed_response_logits(model, ids, mask, positions, response_length, vision)
+    else:
+        # the logits that predict the response tokens (and one extra, dropped)
+        logits = model(**inputs, use_cache=False, logits_to_keep=response_length + 1).logits[:, :-1]
+    if keepalive is not None:
+        logits = logits + keepalive.to(logits.dtype)
+    # (B, R, V) from here; the log-prob helpers upcast chunk by chunk
     bias = banned_token_bias(logits.shape[-1], banned_token_ids or [], logits.dtype)
     if bias is not None:
         logits = logits + bias.to(logits.device)
@@ -95,6 +105,36 @@ def response_log_probs(
     log_probs = log_probs_from_logits(logits, responses)
     entropy = entropy_from_logits(logits) if with_entropy else None
     return log_probs, entropy
+
+
+_TEXT_INPUTS = ("input_ids", "attention_mask", "position_ids")
+
+
+def micro_batches(batch: Batch, micro_batch_size: int, dynamic: bool) -> list[tuple[list[int], Batch]]:
+    """The micro-batches of ``batch`` with the row indices each holds.
+
+    Fixed: consecutive slices of ``micro_batch_size`` rows. Dynamic: groups of near-equal token count, as many
+    as ``micro_batch_size`` full-length rows would need (``ceil(tokens / (micro_batch_size * L))``), agreed across
+    ranks (the maximum) so every rank runs the same number of forward passes.
+    """
+    size = max(micro_batch_size, 1)
+    if not dynamic:
+        starts = range(0, len(batch), size)
+        return [(list(range(s, min(s + size, len(batch)))), batch.index(slice(s, s + size))) for s in starts]
+    token_counts = batch["attention_mask"].sum(dim=-1).tolist()
+    budget = size * batch["attention_mask"].shape[-1]
+    count = torch.tensor([min(-(-sum(token_counts) // budget), len(batch))])
+    if dist.is_initialized():
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    groups = token_budget_groups(token_counts, int(count.item()))
+    return [(group, batch.index(group)) for group in groups]
+
+
+def in_original_order(parts: list[tuple[list[int], torch.Tensor]]) -> torch.Tensor:
+    """Concatenate per-micro-batch outputs and put the rows back in the batch's order."""
+    indices = torch.tensor([index for group, _ in parts for index in group])
+    values = torch.cat([value for _, value in parts])
+    return values[torch.argsort(indices)]
 
 
 def global_normalizers(mask: torch.Tensor, world_size: int) -> dict[str, float]:
@@ -145,10 +185,22 @@ class Actor:
         """(B, R) log-probs of ``batch['responses']``, computed in micro-batches without gradients."""
         self.model.eval()
         parts = [
-            response_log_probs(self.model, micro, temperature, banned_token_ids=self.banned_token_ids)[0]
-            for micro in batch.split(max(micro_batch_size, 1))
+            (rows, self._log_probs(micro, temperature)[0])
+            for rows, micro in micro_batches(batch, micro_batch_size, self.config.dynamic_batching)
         ]
-        return torch.cat(parts)
+        return in_original_order(parts)
+
+    def _log_probs(
+        self, micro_batch: Batch, temperature: float, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return response_log_probs(
+            self.model,
+            micro_batch,
+            temperature,
+            with_entropy=with_entropy,
+            banned_token_ids=self.banned_token_ids,
+            padding_free=self.config.padding_free,
+        )
 
     def update_policy(self, batch: Batch, temperature: float, mini_batch_size: int) -> dict[str, float]:
         """PPO epochs over mini-batches of ``mini_batch_size`` samples (this worker's share); returns mean metrics.
@@ -182,11 +234,12 @@ class Actor:
             tau_negative=config.tau_negative,
         )
         sums: dict[str, float] = defaultdict(float)
-        for micro in mini_batch.split(config.micro_batch_size_per_device_for_update):
+        # the loss is a sum over micro-batches normalised by global counts, so their grouping does not matter
+        for _, micro in micro_batches(
+            mini_batch, config.micro_batch_size_per_device_for_update, config.dynamic_batching
+        ):
             micro_mask = micro["response_mask"]
-            log_probs, entropy = response_log_probs(
-                self.model, micro, temperature, with_entropy=True, banned_token_ids=self.banned_token_ids
-            )
+            log_probs, entropy = self._log_probs(micro, temperature, with_entropy=True)
             policy_loss = get_policy_loss(config.loss_type)(
                 micro["old_log_probs"], log_probs, micro["advantages"], micro_mask, loss_params
             )

@@ -16,6 +16,7 @@ from transformers import PreTrainedModel
 
 from easyr1.algorithms import aggregate_loss
 from easyr1.algorithms.value_loss import compute_value_loss
+from easyr1.models.vision_tower import vision_keepalive
 from easyr1.protocol import Batch
 from easyr1.workers.actor import clipped_optimizer_step, forward_inputs, global_normalizers
 
@@ -43,8 +44,10 @@ class ValueModel(nn.Module):
 def response_values(model: ValueModel, micro_batch: Batch) -> torch.Tensor:
     """(B, R) values of the states that precede each response token."""
     response_length = micro_batch["responses"].shape[-1]
-    values = model(**forward_inputs(micro_batch))
-    return values[:, -response_length - 1 : -1].float()
+    inputs = forward_inputs(micro_batch)
+    keepalive = vision_keepalive(model, model.backbone, inputs)  # before the forward: see models/vision_tower.py
+    values = model(**inputs)[:, -response_length - 1 : -1].float()
+    return values if keepalive is None else values + keepalive
 
 
 class Critic:

@@ -1,0 +1,62 @@
+"""Keep every rank's vision weights in step when ranks differ in which micro-batches have images.
+
+Under FSDP the vision tower belongs to the root unit (``distributed/fsdp.py``): its weights are gathered with the
+root's at the start of every forward, so running the tower zero, one or two times issues no collectives. What is
+left is the backward: the root reduce-scatters the gradients of its weights, and every rank must hand it the same
+set. On a micro-batch without images or videos the tower does not run and its weights get no gradient; so it runs
+on a 2x2-patch dummy image whose output enters the result multiplied by zero (zero gradients, same set everywhere).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+
+
+def _vision_config(model: nn.Module) -> Any | None:
+    return getattr(getattr(model, "config", None), "vision_config", None)
+
+
+def dummy_image_inputs(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """The smallest valid image for ``model``'s tower: ``pixel_values`` (4, patch dim) and its (1, 3) grid."""
+    vision = _vision_config(model)
+    merge = int(getattr(vision, "spatial_merge_size", 2))
+    patch = int(getattr(vision, "patch_size", 14))
+    temporal = int(getattr(vision, "temporal_patch_size", 2))
+    channels = int(getattr(vision, "in_channels", getattr(vision, "in_chans", 3)))
+    parameter = next(model.parameters())
+    pixels = torch.zeros(merge * merge, channels * temporal * patch * patch, dtype=parameter.dtype)
+    grid = torch.tensor([[1, merge, merge]], dtype=torch.long)
+    return pixels.to(parameter.device), grid.to(parameter.device)
+
+
+def _sum_tensors(value: Any) -> torch.Tensor:
+    """Sum of every floating tensor inside ``value`` (tensors, tuples, lists, dicts, model outputs)."""
+    if isinstance(value, torch.Tensor):
+        return value.float().sum() if value.is_floating_point() else torch.zeros(())
+    if isinstance(value, dict):
+        value = list(value.values())
+    elif hasattr(value, "to_tuple"):
+        value = value.to_tuple()
+    if isinstance(value, (list, tuple)):
+        return sum((_sum_tensors(item) for item in value), torch.zeros(()))
+    return torch.zeros(())
+
+
+def vision_keepalive(root: nn.Module, model: nn.Module, vision_inputs: dict[str, Any]) -> torch.Tensor | None:
+    """A scalar zero computed through ``model``'s vision tower on a dummy image, when the micro-batch has no
+    images and no videos; ``None`` otherwise and for text-only models. Call it *before* the forward and add it to
+    the forward's output. ``root`` is the FSDP root that owns the tower's weights (``model`` itself for the actor,
+    the value model around the backbone for the critic)."""
+    if _vision_config(model) is None or not hasattr(model, "get_image_features"):
+        return None
+    if "pixel_values" in vision_inputs or "pixel_values_videos" in vision_inputs:
+        return None
+    if isinstance(root, FSDPModule):
+        # the same all-gather the forward would start with; the forward then finds the weights gathered
+        root.unshard()
+    pixels, grid = dummy_image_inputs(model)
+    return _sum_tensors(model.get_image_features(pixels, grid)) * 0.0
