@@ -15,7 +15,7 @@ from easyr1.models.rope import (
     prompt_position_ids,
     text_position_ids,
 )
-from easyr1.tools.tiny_model import FAMILIES
+from easyr1.tools.tiny_model import VISION_FAMILIES as FAMILIES
 
 
 def _reference_rope_index(tokens: list[int], settings: MRopeSettings, grids: list[tuple[int, int, int, float]]):

@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
-from easyr1.tools.tiny_model import COLOUR_WORDS, FAMILIES, SPECIAL_TOKENS, build_tiny_model
+from easyr1.tools.tiny_model import COLOUR_WORDS, SPECIAL_TOKENS, TEXT_FAMILIES, VISION_FAMILIES, build_tiny_model
 
 
 IMAGE_SIDE = {"qwen2_vl": 56, "qwen2_5_vl": 56, "qwen3_vl": 64}  # min_pixels of each family's processor
@@ -84,7 +84,7 @@ def test_same_seed_gives_identical_files_and_another_seed_does_not(tmp_path, tin
     assert (other / "tokenizer.json").read_bytes() == (again / "tokenizer.json").read_bytes()
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", VISION_FAMILIES)
 def test_config_matches_tokenizer_and_size_limits(tiny_model_dir, family):
     path = tiny_model_dir(family)
     config = AutoConfig.from_pretrained(path)
@@ -105,7 +105,7 @@ def test_config_matches_tokenizer_and_size_limits(tiny_model_dir, family):
     assert tokenizer.convert_tokens_to_ids("<|im_end|>") in generation["eos_token_id"]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", VISION_FAMILIES)
 def test_loads_with_transformers_and_runs_an_image_forward(tiny_model_dir, family):
     path = tiny_model_dir(family)
     model = AutoModelForImageTextToText.from_pretrained(path).eval()
@@ -203,3 +203,21 @@ def test_vllm_serves_the_tiny_model_with_text_and_image_prompts(tiny_qwen2_5_vl_
     log_probs = torch.log_softmax(logits[0, -response.shape[1] - 1 : -1].double(), dim=-1)
     expected = log_probs.gather(-1, response[0, :, None]).squeeze(-1)
     assert torch.allclose(expected, torch.tensor(image_result["logprobs"], dtype=torch.float64), atol=1e-4)
+
+
+@pytest.mark.parametrize("family", TEXT_FAMILIES)
+def test_text_only_families_are_causal_lms_without_a_processor(tiny_model_dir, family):
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_model_dir(family)
+    assert not (path / "preprocessor_config.json").exists()
+    config = AutoConfig.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    assert config.model_type == family and getattr(config, "vision_config", None) is None
+    assert config.vocab_size == len(tokenizer) and tokenizer.chat_template
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    ids = tokenizer.apply_chat_template(_messages(False), add_generation_prompt=True, return_tensors="pt")
+    ids = ids["input_ids"] if not isinstance(ids, torch.Tensor) else ids
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    assert logits.shape == (1, ids.shape[1], len(tokenizer)) and torch.isfinite(logits).all()

@@ -1,8 +1,9 @@
-"""Build a tiny, randomly initialised Qwen-VL model directory that loads like a real checkpoint.
+"""Build a tiny, randomly initialised Qwen-VL (or text-only) model directory that loads like a real checkpoint.
 
 The directory holds a model (fp32 safetensors), a byte-level BPE tokenizer trained here on a few KB of text
-(about 350 tokens, Qwen's special tokens and chat template), a processor with small image sizes and a
-generation config. Tests, the CPU demo and the examples use it instead of downloading a checkpoint:
+(about 350 tokens, Qwen's special tokens and chat template), a processor with small image sizes (vision-language
+families only) and a generation config. Tests, the CPU demo and the examples use it instead of a downloaded
+checkpoint:
 ``python -m easyr1.tools.tiny_model OUT_DIR [--family qwen2_5_vl] [--seed 0]``.
 """
 
@@ -20,7 +21,9 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig, ProcessorMixin, Qwen2Tokenizer
 
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+TEXT_FAMILIES = ("qwen2", "qwen3", "llama")  # causal LMs without a vision tower or processor
+FAMILIES = VISION_FAMILIES + TEXT_FAMILIES
 
 # Qwen's special tokens, in Qwen's order; they take the ids right after the BPE vocabulary, as in Qwen.
 SPECIAL_TOKENS = (
@@ -176,7 +179,7 @@ def _check_tokenizer(tokenizer: Qwen2Tokenizer, base_size: int) -> None:
 
 def _model_config(family: str, tokenizer: Qwen2Tokenizer) -> PretrainedConfig:
     """The transformers config of the tiny model for ``family``, with token ids taken from ``tokenizer``."""
-    from transformers import Qwen2_5_VLConfig, Qwen2VLConfig, Qwen3VLConfig
+    from transformers import LlamaConfig, Qwen2_5_VLConfig, Qwen2Config, Qwen2VLConfig, Qwen3Config, Qwen3VLConfig
 
     token_ids = {
         "image_token_id": tokenizer.convert_tokens_to_ids("<|image_pad|>"),
@@ -200,6 +203,10 @@ def _model_config(family: str, tokenizer: Qwen2Tokenizer) -> PretrainedConfig:
         "pad_token_id": pad_id,
         "dtype": "float32",
     }
+    if family in TEXT_FAMILIES:
+        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1_000_000.0}
+        text_config = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig}[family]
+        return text_config(**text, **({"head_dim": 32} if family == "qwen3" else {}), tie_word_embeddings=False)
     patch_size = _FAMILY_SETTINGS[family]["patch_size"]
     common = {"tie_word_embeddings": False, "dtype": "float32", **token_ids}
     if family == "qwen2_vl":
@@ -289,11 +296,12 @@ def _processor(family: str, tokenizer: Qwen2Tokenizer) -> ProcessorMixin:
 
 
 def build_tiny_model(out_dir: str | Path, family: str = "qwen2_5_vl", seed: int = 0) -> Path:
-    """Write a tiny random ``family`` model, its tokenizer, processor and generation config into ``out_dir``.
+    """Write a tiny random ``family`` model, its tokenizer, processor (vision families) and generation config
+    into ``out_dir``.
 
     The same seed gives byte-identical weights. Returns ``out_dir`` as a Path.
     """
-    from transformers import AutoModelForImageTextToText, GenerationConfig
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, GenerationConfig
 
     if family not in FAMILIES:
         raise ValueError(f"unknown model family {family!r}; choose one of {', '.join(FAMILIES)}")
@@ -305,12 +313,14 @@ def build_tiny_model(out_dir: str | Path, family: str = "qwen2_5_vl", seed: int 
     # Seed a private generator state so building a model does not disturb the caller's random stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+        model_class = AutoModelForCausalLM if family in TEXT_FAMILIES else AutoModelForImageTextToText
+        model = model_class.from_config(config, dtype=torch.float32)
     eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=[eos_id, pad_id], pad_token_id=pad_id)
     model.save_pretrained(out_dir, safe_serialization=True)
-    _processor(family, tokenizer).save_pretrained(out_dir)
+    if family in VISION_FAMILIES:
+        _processor(family, tokenizer).save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return out_dir
 
