@@ -345,6 +345,7 @@ class TrainerConfig:
     n_gpus_per_node: int = _option(8, "workers per machine: one per GPU, or CPU worker processes on a CPU machine")
     max_try_make_batch: int = _option(20, "online filtering: most generation rounds per step (-1: no limit)")
     critic_warmup: int = _option(0, "steps that train only the critic")
+    balance_batch: bool = _option(True, "reorder each step's samples so every worker gets a similar token count")
     val_freq: int = _option(-1, "validate every this many steps (-1: never)")
     val_before_train: bool = _option(True, "validate before the first step")
     val_only: bool = _option(False, "validate and stop without training")

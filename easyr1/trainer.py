@@ -35,6 +35,7 @@ from easyr1.config import PPOConfig, to_yaml
 from easyr1.data import RLDataset, collate_fn
 from easyr1.data.sampler import PromptStream
 from easyr1.distributed import WorkerGroup
+from easyr1.distributed.balance import balanced_order
 from easyr1.distributed.worker import device_type, pick_backend
 from easyr1.errors import UserError
 from easyr1.logging import build_trackers
@@ -238,7 +239,12 @@ class Trainer:
             with timed(timings, "gen_baseline"):
                 batch["reward_baselines"] = self._greedy_baseline_scores(batch, step)
 
-        # 2. Old log-probs, and the reference's and the critic's where the algorithm needs them.
+        # 2. Old log-probs, and the reference's and the critic's where the algorithm needs them; the samples are first
+        #    reordered so that every worker's share holds a similar number of tokens.
+        order = None
+        if config.trainer.balance_batch and self.workers.num_workers > 1:
+            order = balanced_order(batch["attention_mask"].sum(dim=-1).tolist(), self.workers.num_workers)
+            batch = batch.index(order)
         actor_view = batch.select(*ACTOR_FIELDS)
         with timed(timings, "old"):
             batch = batch.union(self.workers.run_split("compute_old_log_probs", actor_view, rollout.temperature))
@@ -256,6 +262,8 @@ class Trainer:
         # 3. Rewards: the score on the last response token, minus the KL to the reference when it is in the reward.
         with timed(timings, "reward"):
             scores, sub_scores = self._resolve_reward(reward)
+        if order is not None:  # the reward was computed in generation order
+            scores, sub_scores = scores[order], {key: [values[i] for i in order] for key, values in sub_scores.items()}
         batch["token_level_scores"] = place_scores_on_last_token(scores, mask)
         batch["token_level_rewards"] = batch["token_level_scores"]
         if self.uses_reference and not algorithm.use_kl_loss:

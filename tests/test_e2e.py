@@ -51,3 +51,28 @@ def test_grpo_reward_rises_and_metrics_are_logged(tiny_qwen2_5_vl_dir, tiny_data
     assert last - first >= 0.1, rewards
     # the console shows one line per step
     assert sum(line.startswith("step ") for line in result.stdout.splitlines()) == STEPS
+
+
+def test_balancing_the_batch_across_workers_keeps_rewards_on_their_samples(
+    tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path
+):
+    """Samples are reordered between generation and update; the reward (computed in generation order) must follow
+    them. Same seeds, same samples: the first update must be the same with and without reordering."""
+    firsts = {}
+    for balance in (True, False):
+        run_dir = tmp_path / f"balance_{balance}"
+        result = run_cli(
+            [
+                *base_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir),
+                "trainer.max_steps=1",
+                f"trainer.balance_batch={str(balance).lower()}",
+                # prompts of different lengths, so that the reordering is not the identity
+                "data.max_response_length=8",
+                f"trainer.save_checkpoint_path={run_dir}",
+            ]
+        )
+        assert result.returncode == 0, result.stderr[-4000:]
+        firsts[balance] = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert firsts[True]["reward/overall"] == firsts[False]["reward/overall"]
+    assert firsts[True]["actor/grad_norm"] == pytest.approx(firsts[False]["actor/grad_norm"], rel=1e-5)
+    assert firsts[True]["actor/entropy"] == pytest.approx(firsts[False]["actor/entropy"], rel=1e-5)
