@@ -1062,7 +1062,6 @@ _NOT_YET_ACTIVE: dict[str, Any] = {
     "data.mini_rollout_batch_size": None,
     "worker.actor.ulysses_size": 1,
     "worker.actor.use_torch_compile": False,
-    "worker.actor.model.lora.rank": 0,
     "worker.actor.fsdp.enable_rank0_init": False,
     "worker.actor.offload.offload_params": False,
     "worker.actor.offload.offload_optimizer": False,

@@ -148,6 +148,9 @@ def save_hf_metadata(directory: str | os.PathLike, model: nn.Module, tokenizer: 
     tokenizer.save_pretrained(target)
     if processor is not None:
         processor.save_pretrained(target)
+    peft_configs = getattr(model, "peft_config", None)
+    if peft_configs:  # LoRA: the merger folds the adapters in with this config
+        peft_configs["default"].save_pretrained(target)
     for path in target.iterdir():
         with open(path, "rb") as file:
             os.fsync(file.fileno())

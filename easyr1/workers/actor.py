@@ -10,6 +10,7 @@ mini-batch, so the update does not depend on the micro-batch size or the number 
 from __future__ import annotations
 
 from collections import defaultdict
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -173,8 +174,11 @@ class Actor:
         optimizer: torch.optim.Optimizer | None = None,
         lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
         banned_token_ids: list[int] | None = None,
+        adapters_disabled: bool = False,
     ) -> None:
         self.model = model
+        # the LoRA reference policy: the actor's own model with its adapters switched off
+        self.adapters_disabled = adapters_disabled
         self.banned_token_ids = list(banned_token_ids or [])
         self.config = config
         self.optimizer = optimizer
@@ -184,10 +188,11 @@ class Actor:
     def compute_log_probs(self, batch: Batch, temperature: float, micro_batch_size: int) -> torch.Tensor:
         """(B, R) log-probs of ``batch['responses']``, computed in micro-batches without gradients."""
         self.model.eval()
-        parts = [
-            (rows, self._log_probs(micro, temperature)[0])
-            for rows, micro in micro_batches(batch, micro_batch_size, self.config.dynamic_batching)
-        ]
+        with self.model.disable_adapter() if self.adapters_disabled else nullcontext():
+            parts = [
+                (rows, self._log_probs(micro, temperature)[0])
+                for rows, micro in micro_batches(batch, micro_batch_size, self.config.dynamic_batching)
+            ]
         return in_original_order(parts)
 
     def _log_probs(

@@ -20,6 +20,7 @@ from easyr1.checkpoint.sharded import load_component, save_component, save_hf_me
 from easyr1.distributed.fsdp import data_parallel_mesh, gathered_parameters, shard_model
 from easyr1.distributed.worker import Worker, device_type
 from easyr1.models.loading import load_model, load_tokenizer_and_processor, resolve_dtype
+from easyr1.models.lora import adapter_config_of, apply_lora, lora_scaling, merged_weights
 from easyr1.protocol import Batch
 from easyr1.workers.actor import Actor
 from easyr1.workers.critic import Critic, ValueModel
@@ -87,6 +88,10 @@ class HybridWorker(Worker):
             for name, param in model.named_parameters():
                 if ".visual." in f".{name}":
                     param.requires_grad_(False)
+        self.lora_scaling = None
+        if model_config.lora.rank > 0:
+            model = apply_lora(model, model_config.lora)
+            self.lora_scaling = lora_scaling(adapter_config_of(model))
         shard_model(model, mesh, cpu_offload=actor_config.fsdp.enable_cpu_offload, **mixed)
         optim = actor_config.optim
         optimizer = torch.optim.AdamW(
@@ -110,7 +115,10 @@ class HybridWorker(Worker):
             banned_token_ids=self.banned_token_ids,
         )
 
-        if not config.algorithm.disable_kl:
+        if not config.algorithm.disable_kl and self.lora_scaling is not None:
+            # with LoRA the reference policy is the base model: the actor with its adapters switched off
+            self.ref = Actor(model, actor_config, banned_token_ids=self.banned_token_ids, adapters_disabled=True)
+        elif not config.algorithm.disable_kl:
             ref_model = load_model(model_config.model_path, dtype, trust_remote_code=model_config.trust_remote_code)
             ref_model.requires_grad_(False)
             shard_model(
@@ -191,6 +199,8 @@ class HybridWorker(Worker):
         start = time.perf_counter()
         # Every rank runs its own engine, so every rank gathers the whole model.
         with gathered_parameters(self.actor.model) as named_parameters:
+            if self.lora_scaling is not None:  # the engine gets plain weights with the adapters folded in
+                named_parameters = merged_weights(named_parameters, self.lora_scaling)
             self.rollout.sync_weights(named_parameters)
         self.weights_stale = False
         return time.perf_counter() - start

@@ -1,0 +1,125 @@
+"""Export a checkpoint component (``global_step_N/actor``) as a Hugging Face model directory.
+
+The sharded weights are read without any process group, LoRA adapters (if the run used them) are folded into
+the base weights, and the result is saved with ``save_pretrained`` (safetensors) next to the config, generation
+config, tokenizer, processor and chat template the checkpoint already holds. The export is written under a
+temporary name and renamed into place, so an interrupted export never looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from easyr1.checkpoint.manager import PARTIAL_SUFFIX, fsync_tree
+from easyr1.checkpoint.sharded import HF_DIR, MODEL_DIR
+from easyr1.errors import UserError
+from easyr1.models.lora import lora_scaling, merged_weights
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+RETIRED_SUFFIX = ".replaced"
+_WEIGHT_FILES = ("*.safetensors", "*.bin", "*.safetensors.index.json")
+
+
+def check_component_dir(component_dir: Path) -> None:
+    """A clear error unless ``component_dir`` is a committed checkpoint component with weights and HF metadata."""
+    if component_dir.parent.name.endswith(PARTIAL_SUFFIX):
+        raise UserError(
+            f"{component_dir} belongs to a partial checkpoint ({component_dir.parent.name}: its write was "
+            "interrupted); export a complete global_step_N/actor instead"
+        )
+    if not component_dir.is_dir():
+        raise UserError(f"{component_dir} does not exist; pass a checkpoint's global_step_N/actor directory")
+    if not (component_dir / MODEL_DIR / ".metadata").is_file():
+        raise UserError(
+            f"{component_dir} has no {MODEL_DIR}/.metadata, so it is not a complete easyr1 checkpoint component; "
+            "pass the actor directory of a checkpoint step (checkpoints/<project>/<experiment>/global_step_N/actor)"
+        )
+    if not (component_dir / HF_DIR / "config.json").is_file():
+        raise UserError(
+            f"{component_dir / HF_DIR} has no config.json (the model's Hugging Face metadata); the checkpoint is "
+            "incomplete or was not written by easyr1"
+        )
+
+
+def load_model_state_dict(component_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The full, unsharded weights of a component, read in this process alone (no process group)."""
+    model_dir = Path(component_dir) / MODEL_DIR
+    reader = dcp.FileSystemReader(str(model_dir))
+    metadata = reader.read_metadata()
+    state = {
+        key: torch.empty(meta.size, dtype=meta.properties.dtype)
+        for key, meta in metadata.state_dict_metadata.items()
+        if isinstance(meta, TensorStorageMetadata)
+    }
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, storage_reader=reader, no_dist=True)
+    return state
+
+
+def plain_weights(component_dir: Path) -> dict[str, torch.Tensor]:
+    """The component's weights under Hugging Face names, LoRA adapters folded in when the run used them."""
+    state = load_model_state_dict(component_dir)
+    adapter_file = component_dir / HF_DIR / ADAPTER_CONFIG
+    if adapter_file.is_file():
+        scaling = lora_scaling(json.loads(adapter_file.read_text(encoding="utf-8")))
+        return dict(merged_weights(state.items(), scaling))
+    return state
+
+
+def merge_to_huggingface(component_dir: str | os.PathLike, target_dir: str | os.PathLike | None = None) -> Path:
+    """Write the component as a Hugging Face model into ``target_dir`` (default: ``component_dir/huggingface``)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    component_dir = Path(component_dir).resolve()
+    retired = component_dir / f"{HF_DIR}{RETIRED_SUFFIX}"
+    if retired.is_dir() and not (component_dir / HF_DIR).exists():  # an export was killed while swapping folders
+        os.rename(retired, component_dir / HF_DIR)
+    check_component_dir(component_dir)
+    metadata_dir = component_dir / HF_DIR
+    target = Path(target_dir).resolve() if target_dir else metadata_dir
+    weights = plain_weights(component_dir)
+
+    config = AutoConfig.from_pretrained(metadata_dir)
+    model_class = AutoModelForImageTextToText if getattr(config, "vision_config", None) else AutoModelForCausalLM
+    with torch.device("meta"):
+        model = model_class.from_config(config, dtype=next(iter(weights.values())).dtype)
+    expected = set(model.state_dict())
+    missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
+    if missing or unexpected:
+        raise UserError(
+            f"{component_dir}: the weights do not fit the model in {metadata_dir / 'config.json'} "
+            f"(missing: {missing[:5]}, unexpected: {unexpected[:5]}); the checkpoint and its config do not match"
+        )
+    model.load_state_dict(weights, strict=True, assign=True)
+
+    staging = target.with_name(target.name + PARTIAL_SUFFIX)
+    if staging.exists():
+        shutil.rmtree(staging)
+    # config, generation config, tokenizer, processor and chat template first; then the weights (and config) on top
+    shutil.copytree(metadata_dir, staging, ignore=shutil.ignore_patterns(ADAPTER_CONFIG, *_WEIGHT_FILES))
+    saved_generation = staging / "generation_config.json"
+    generation_config = saved_generation.read_bytes() if saved_generation.exists() else None
+    model.save_pretrained(staging, safe_serialization=True)
+    if generation_config is not None:  # the run's generation config, not one derived from the model config
+        saved_generation.write_bytes(generation_config)
+    fsync_tree(staging)
+    if target.exists():
+        retired = target.with_name(target.name + RETIRED_SUFFIX)
+        if retired.exists():
+            shutil.rmtree(retired)
+        os.rename(target, retired)
+        os.rename(staging, target)
+        shutil.rmtree(retired)
+    else:
+        os.rename(staging, target)
+    return target

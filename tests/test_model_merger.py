@@ -1,0 +1,165 @@
+"""Hugging Face export of checkpoints: the exported model computes what the actor computed, LoRA folded in,
+vLLM serves it, and bad input gets a clear message."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+from helpers import REPO, training_batch
+from PIL import Image
+from transformers import AutoModelForImageTextToText
+
+from easyr1.checkpoint.merge import load_model_state_dict, merge_to_huggingface
+from easyr1.checkpoint.sharded import save_component, save_hf_metadata
+from easyr1.distributed.fsdp import data_parallel_mesh, shard_model
+from easyr1.errors import UserError
+from easyr1.models.loading import load_model, load_tokenizer_and_processor
+from easyr1.models.lora import apply_lora
+from easyr1.workers.actor import forward_inputs
+
+
+@pytest.fixture
+def process_group():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+class Lora:
+    rank, alpha, target_modules, exclude_modules = 4, 8, "all-linear", None
+
+
+def fixed_input(model_dir):
+    """One image + text prompt, processed like a real request."""
+    _, processor = load_tokenizer_and_processor(str(model_dir))
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour is it?"}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return dict(processor(text=[text], images=[Image.new("RGB", (56, 56), (200, 40, 40))], return_tensors="pt"))
+
+
+def trained_checkpoint(model_dir, data_dir, directory, lora: bool = False):
+    """A sharded actor after two AdamW steps on real training rows, saved like a worker saves it."""
+    torch.manual_seed(0)
+    model = load_model(str(model_dir), torch.float32)
+    if lora:
+        model = apply_lora(model, Lora)
+    shard_model(model, data_parallel_mesh("cpu"))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    batch = training_batch(model_dir, data_dir, 4)
+    for _ in range(2):
+        model(**forward_inputs(batch), use_cache=False).logits.float().pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    save_component(directory, model, optimizer, None)
+    tokenizer, processor = load_tokenizer_and_processor(str(model_dir))
+    save_hf_metadata(directory, model, tokenizer, processor)
+    return model
+
+
+def test_exported_model_computes_the_actors_logits(process_group, tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
+    actor_dir = tmp_path / "global_step_2" / "actor"
+    actor = trained_checkpoint(tiny_qwen2_5_vl_dir, tiny_dataset_dir, actor_dir).eval()
+    target = merge_to_huggingface(actor_dir)
+    assert target == actor_dir / "huggingface"
+    names = {path.name for path in target.iterdir()}
+    assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer_config.json"} <= names
+    assert {"chat_template.jinja", "processor_config.json"} & names
+    assert json.loads((target / "generation_config.json").read_text()) == json.loads(
+        (tiny_qwen2_5_vl_dir / "generation_config.json").read_text()
+    )
+    inputs = fixed_input(tiny_qwen2_5_vl_dir)
+    exported = AutoModelForImageTextToText.from_pretrained(target, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected, actual = actor(**inputs).logits, exported(**inputs).logits
+        initial = load_model(str(tiny_qwen2_5_vl_dir), torch.float32).eval()(**inputs).logits
+    torch.testing.assert_close(actual, expected, rtol=0, atol=1e-5)
+    assert (expected - initial).abs().max() > 1e-2  # the export carries the trained weights, not the initial ones
+    # exporting again (into the same folder) gives the same model
+    merge_to_huggingface(actor_dir)
+    assert not (actor_dir / "huggingface.partial").exists()
+
+
+def test_lora_export_is_base_plus_adapter(process_group, tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
+    actor_dir = tmp_path / "global_step_2" / "actor"
+    actor = trained_checkpoint(tiny_qwen2_5_vl_dir, tiny_dataset_dir, actor_dir, lora=True).eval()
+    saved = load_model_state_dict(actor_dir)
+    assert any("lora_B" in key for key in saved) and all(key.startswith("base_model.model.") for key in saved)
+    target = merge_to_huggingface(actor_dir, tmp_path / "export")
+    inputs = fixed_input(tiny_qwen2_5_vl_dir)
+    exported = AutoModelForImageTextToText.from_pretrained(target, dtype=torch.float32).eval()
+    assert not any("lora" in name for name, _ in exported.named_parameters())
+    with torch.no_grad():
+        expected, actual = actor(**inputs).logits, exported(**inputs).logits
+        with actor.disable_adapter():
+            base = actor(**inputs).logits
+    torch.testing.assert_close(actual, expected, rtol=0, atol=1e-5)
+    assert (expected - base).abs().max() > 1e-3  # the adapters changed the model, and the export has them
+
+
+@pytest.mark.slow
+def test_vllm_serves_the_export(process_group, tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
+    actor_dir = tmp_path / "global_step_2" / "actor"
+    trained_checkpoint(tiny_qwen2_5_vl_dir, tiny_dataset_dir, actor_dir)
+    target = merge_to_huggingface(actor_dir)
+    script = (
+        "import json, sys\n"
+        "from vllm import LLM, SamplingParams\n"
+        "llm = LLM(model=sys.argv[1], dtype='float32', max_model_len=256, seed=0)\n"
+        "params = SamplingParams(max_tokens=5, temperature=0.0, logprobs=0, ignore_eos=True)\n"
+        "out = llm.generate([{'prompt': 'What colour is grass?'}], params)[0].outputs[0]\n"
+        "print('RESULT' + json.dumps(out.token_ids))\n"
+    )
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "OMP_NUM_THREADS": "1",
+    }
+    completed = subprocess.run(
+        [sys.executable, "-c", script, str(target)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    tokens = json.loads(next(line for line in completed.stdout.splitlines() if line.startswith("RESULT"))[6:])
+    # greedy tokens equal the exported model's own greedy continuation
+    exported = AutoModelForImageTextToText.from_pretrained(target, dtype=torch.float32).eval()
+    tokenizer, _ = load_tokenizer_and_processor(str(target))
+    ids = torch.tensor([tokenizer.encode("What colour is grass?", add_special_tokens=False)])
+    with torch.no_grad():
+        greedy = exported.generate(input_ids=ids, max_new_tokens=5, do_sample=False, min_new_tokens=5)
+    assert tokens == greedy[0, ids.shape[1] :].tolist()
+
+
+def test_clear_errors(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        merge_to_huggingface(tmp_path / "nowhere")
+    (tmp_path / "global_step_4.partial" / "actor").mkdir(parents=True)
+    with pytest.raises(UserError, match="partial checkpoint"):
+        merge_to_huggingface(tmp_path / "global_step_4.partial" / "actor")
+    (tmp_path / "global_step_2" / "actor").mkdir(parents=True)
+    with pytest.raises(UserError, match="not a complete easyr1 checkpoint component"):
+        merge_to_huggingface(tmp_path / "global_step_2" / "actor")
+
+
+def test_cli_reports_errors_and_success(process_group, tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
+    merger = [sys.executable, str(REPO / "scripts" / "model_merger.py")]
+    failed = subprocess.run([*merger, "--local_dir", str(tmp_path / "none")], capture_output=True, text=True)
+    assert failed.returncode == 2 and failed.stderr.startswith("model_merger: error: ")
+    assert "Traceback" not in failed.stderr
+    actor_dir = tmp_path / "global_step_2" / "actor"
+    trained_checkpoint(tiny_qwen2_5_vl_dir, tiny_dataset_dir, actor_dir)
+    done = subprocess.run(
+        [*merger, "--local_dir", str(actor_dir), "--target_dir", str(tmp_path / "hf")], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert str(tmp_path / "hf") in done.stdout and (tmp_path / "hf" / "model.safetensors").is_file()
