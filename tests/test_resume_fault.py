@@ -13,9 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from test_cli import base_args, run_cli
 
 from easyr1.checkpoint.manager import TRACKER_NAME, CheckpointDirectory
+from easyr1.checkpoint.merge import load_model_state_dict
 
 
 pytestmark = pytest.mark.slow
@@ -123,3 +125,10 @@ def test_kill_during_checkpoint_write_and_at_random_then_resume_exactly(
     checkpoints = CheckpointDirectory(run_dir)
     assert checkpoints.leftovers() == [] and checkpoints.complete_steps() == [2, 4, 6], context
     assert json.loads((run_dir / TRACKER_NAME).read_text())["last_global_step"] == STEPS
+    # and it ends with bit-identical weights (actor and critic), saved by 2 ranks and read back by one
+    for component in ("actor", "critic"):
+        expected_weights = load_model_state_dict(reference_dir / f"global_step_{STEPS}" / component)
+        actual_weights = load_model_state_dict(run_dir / f"global_step_{STEPS}" / component)
+        assert expected_weights.keys() == actual_weights.keys()
+        for name, value in expected_weights.items():
+            assert torch.equal(actual_weights[name], value), f"{component} {name} {context}"

@@ -188,8 +188,9 @@ class RLDataset(torch.utils.data.Dataset):
     - ``position_ids``: LongTensor (4, max_prompt_length) for Qwen-VL models (row 0 text positions, rows 1-3
       m-rope t, h, w), (max_prompt_length,) for text-only models; 0 on padding.
     - ``raw_prompt_ids``: list[int], the prompt with one ``<|image_pad|>`` per image, unpadded (for vLLM).
-    - ``multi_modal_data``: ``{"images": [PIL.Image, ...], "videos": [uint8 array (T, H, W, 3)]}`` (only the
-      keys present) with images already at the processor's size; ``{}`` for text rows.
+    - ``multi_modal_data``: ``{"images": [PIL.Image, ...], "videos": [uint8 array (T, H, W, 3)],
+      "video_metadata": [{"fps", "total_num_frames", "frames_indices"}]}`` (only the keys present) with images
+      already at the processor's size; ``{}`` for text rows.
     - ``multi_modal_inputs``: the processor's tensors (``pixel_values``, ``image_grid_thw``, video ones);
       ``{}`` for text rows.
     - ``ground_truth``: the answer as a string.
@@ -406,6 +407,7 @@ class RLDataset(torch.utils.data.Dataset):
             data["images"] = images
         if videos:
             data["videos"] = videos
+            data["video_metadata"] = kwargs["video_metadata"]  # the rollout engine needs the frames' timing too
         return input_ids, data, inputs
 
     def __len__(self) -> int:

@@ -80,6 +80,51 @@ def build_shape_dataset(
     return out_dir
 
 
+# Text-only questions of the mixed dataset, answered by a colour word like every other row.
+_TEXT_QUESTIONS = (("grass", "green"), ("the sky", "blue"), ("a banana", "yellow"), ("a ripe tomato", "red"))
+MIXED_KINDS = ("text", "image", "three_images", "video")
+
+
+def build_mixed_dataset(out_dir: str | Path, num_rows: int = 64, seed: int = 0, image_size: int = 56) -> Path:
+    """``train.jsonl`` whose rows cycle through the four kinds a batch can mix: a text-only question, one shape
+    image, three shape images (the answer is the first shape's colour), and a 4-frame video of a moving shape
+    given as a list of frame files. Every answer is a colour word. Returns ``out_dir``."""
+    out_dir = Path(out_dir)
+    (out_dir / "images").mkdir(parents=True, exist_ok=True)
+    rng = random.Random(f"mixed-{seed}")
+
+    def shape_image(name: str, colour: str, offset: tuple[int, int] | None = None) -> str:
+        image = draw_shape(SHAPES[rng.randrange(len(SHAPES))], colour, image_size, rng)
+        if offset is not None:  # a video frame: the same kind of shape, drawn again further along
+            image = image.transform(image.size, Image.Transform.AFFINE, (1, 0, -offset[0], 0, 1, -offset[1]),
+                                    fillcolor=(255, 255, 255))  # fmt: skip
+        image.save(out_dir / "images" / name, format="PNG")
+        return f"images/{name}"
+
+    lines = []
+    for index in range(num_rows):
+        kind, colour = MIXED_KINDS[index % len(MIXED_KINDS)], COLOURS[rng.randrange(len(COLOURS))]
+        if kind == "text":
+            thing, colour = _TEXT_QUESTIONS[rng.randrange(len(_TEXT_QUESTIONS))]
+            row = {"problem": f"What colour is {thing}?", "answer": colour}
+        elif kind == "image":
+            row = {"problem": PROMPT, "answer": colour, "images": [shape_image(f"{index:05d}.png", colour)]}
+        elif kind == "three_images":
+            others = [COLOURS[rng.randrange(len(COLOURS))] for _ in range(2)]
+            images = [shape_image(f"{index:05d}_{k}.png", c) for k, c in enumerate([colour, *others])]
+            row = {
+                "problem": "<image><image><image>What colour is the first shape?",
+                "answer": colour,
+                "images": images,
+            }
+        else:
+            frames = [shape_image(f"{index:05d}_f{k}.png", colour, (2 * k, k)) for k in range(4)]
+            row = {"problem": "<video>What colour is the moving shape?", "answer": colour, "videos": [frames]}
+        lines.append(json.dumps(row))
+    (out_dir / "train.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return out_dir
+
+
 def _build_once(target: Path, build) -> Path:
     """Run ``build(tmp_dir)`` unless ``target`` is complete; publish the result with a rename.
 
@@ -126,7 +171,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-val", type=int, default=128, help="number of validation rows")
     parser.add_argument("--seed", type=int, default=0, help="random seed")
     parser.add_argument("--image-size", type=int, default=56, help="side of the square images in pixels")
+    parser.add_argument("--mixed", action="store_true", help="text, 1-image, 3-image and video rows (train only)")
     args = parser.parse_args(argv)
+    if args.mixed:
+        path = build_mixed_dataset(args.out_dir, args.num_train, args.seed, args.image_size)
+        print(f"wrote {args.num_train} mixed rows to {path}")
+        return
     path = build_shape_dataset(args.out_dir, args.num_train, args.num_val, args.seed, args.image_size)
     print(f"wrote {args.num_train} training and {args.num_val} validation rows to {path}")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -17,6 +18,28 @@ from easyr1.errors import UserError
 from easyr1.protocol import Batch
 from easyr1.workers.actor import BANNED_TOKEN_BIAS
 from easyr1.workers.rollout.base import SamplingSettings, pack_responses
+
+
+def engine_multi_modal_data(multi_modal: dict[str, Any]) -> dict[str, Any]:
+    """A dataset row's images and videos as vLLM takes them: videos as (frames, metadata) pairs, because the
+    Qwen-VL processors place video tokens in time from the frames' fps and indices (frames are already sampled)."""
+    data: dict[str, Any] = {}
+    if multi_modal.get("images"):
+        data["image"] = multi_modal["images"]
+    if multi_modal.get("videos"):
+        data["video"] = [
+            (
+                frames,
+                {
+                    **metadata,
+                    "duration": metadata["total_num_frames"] / metadata["fps"],
+                    "video_backend": "opencv",
+                    "do_sample_frames": False,
+                },
+            )
+            for frames, metadata in zip(multi_modal["videos"], multi_modal["video_metadata"])
+        ]
+    return data
 
 
 def set_cpu_engine_environment(kv_cache_gb: int, num_threads: int) -> None:
@@ -90,9 +113,7 @@ class VLLMRollout:
             request = {"prompt_token_ids": list(prompts["raw_prompt_ids"][row])}
             multi_modal = prompts["multi_modal_data"][row] if "multi_modal_data" in prompts else None
             if multi_modal:
-                request["multi_modal_data"] = {
-                    {"images": "image", "videos": "video"}[key]: value for key, value in multi_modal.items() if value
-                }
+                request["multi_modal_data"] = engine_multi_modal_data(multi_modal)
             requests.append(request)
         params = [
             SamplingParams(
