@@ -79,3 +79,50 @@ def test_packed_forward_equals_padded_forward_and_gradients(family, tiny_model_d
     for name, param in model.named_parameters():
         if name in padded_grads:
             torch.testing.assert_close(param.grad, padded_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_packed_equals_padded_on_text_image_multi_image_and_video_rows(family, tiny_model_dir, tmp_path):
+    from easyr1.data import RLDataset, collate_fn
+    from easyr1.models.loading import load_model_config, load_tokenizer_and_processor
+    from easyr1.tools.tiny_dataset import build_mixed_dataset
+    from easyr1.workers.rollout.base import pack_responses
+
+    model_dir = tiny_model_dir(family)
+    data_dir = build_mixed_dataset(tmp_path, num_rows=4, seed=1)  # one row of each kind
+    tokenizer, processor = load_tokenizer_and_processor(str(model_dir))
+    dataset = RLDataset(
+        str(data_dir / "train.jsonl"),
+        tokenizer,
+        processor,
+        prompt_key="problem",
+        max_prompt_length=120,
+        model_config=load_model_config(str(model_dir)),
+    )
+    prompts = collate_fn([dataset[i] for i in range(4)])
+    assert [sorted(row) for row in prompts["multi_modal_data"]] == [
+        [],
+        ["images"],
+        ["images"],
+        ["video_metadata", "videos"],
+    ]
+    generator = torch.Generator().manual_seed(0)
+    responses = [torch.randint(0, 300, (length,), generator=generator).tolist() for length in (5, 2, 4, 3)]
+    batch = pack_responses(prompts, responses, [[0.0] * len(r) for r in responses], 5, pad_token_id=0)
+    mask = batch["response_mask"].bool()
+    torch.manual_seed(0)
+    model = load_model(str(model_dir), torch.float32)
+    with torch.no_grad():
+        padded = log_probs_from_logits(
+            model(**forward_inputs(batch), use_cache=False).logits[:, -6:-1], batch["responses"]
+        )
+        logits = packed_response_logits(
+            model,
+            batch["input_ids"],
+            batch["attention_mask"],
+            batch["position_ids"],
+            5,
+            merge_vision_inputs(batch["multi_modal_inputs"]),
+        )
+        packed = log_probs_from_logits(logits, batch["responses"])
+    assert (packed - padded)[mask].abs().max() < 1e-5
