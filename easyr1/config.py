@@ -117,6 +117,9 @@ class DataConfig:
     min_pixels: int | None = _option(262144, "smallest image area in pixels after resizing (null: processor default)")
     max_pixels: int | None = _option(4194304, "largest image area in pixels after resizing (null: processor default)")
     filter_overlong_prompts: bool = _option(True, "drop prompts longer than max_prompt_length when loading the data")
+    skip_bad_rows: bool = _option(
+        False, "drop rows that cannot be used (counted and reported) instead of stopping with an error"
+    )
     filter_overlong_prompts_workers: int = _option(16, "processes used to find overlong prompts")
     dataloader_num_workers: int = _option(0, "worker processes of the training dataloader (0: load in the driver)")
 

@@ -247,11 +247,15 @@ def test_overlong_prompts_are_filtered_or_rejected(tmp_path, processor, capsys):
     assert "filtered 2 of 4 prompts" in out and "rows.jsonl line 2" in out and "rows.jsonl line 4" in out
     assert int(dataset[1]["attention_mask"].sum()) == short_length
 
-    unfiltered = _dataset(data, processor, max_prompt_length=short_length, filter_overlong_prompts=False)
-    assert len(unfiltered) == 4
-    with pytest.raises(DataError, match=r"rows\.jsonl line 2: the prompt is \d+ tokens, longer than"):
-        unfiltered[1]
-    with pytest.raises(DataError, match="every prompt is longer"):
+    # with filtering off the over-long row is an error while loading (before any model loads), naming its token
+    # count (16 of them vision tokens) and the two settings that fix it
+    long_length = int(_dataset(data, processor, max_prompt_length=128)[1]["attention_mask"].sum())
+    with pytest.raises(DataError) as error:
+        _dataset(data, processor, max_prompt_length=short_length, filter_overlong_prompts=False)
+    message = str(error.value)
+    assert f"rows.jsonl line 2: the prompt is {long_length} tokens (16 of them for its images/videos)" in message
+    assert "data.max_prompt_length" in message and "data.max_pixels" in message
+    with pytest.raises(DataError, match="no usable rows"):
         _dataset(data, processor, max_prompt_length=8)
 
 
@@ -272,14 +276,12 @@ def test_bad_rows_are_reported_with_file_line_and_reason(tmp_path, processor):
     missing = {**good, "images": ["gone.png"]}
     broken = {**good, "images": ["broken.png"]}
     data = _write_jsonl(tmp_path / "d.jsonl", [good, missing, broken])
-    with pytest.raises(DataError, match=r"d\.jsonl line 2: cannot read image 'gone\.png'.*does not exist"):
-        _dataset(data, processor)  # filtering reads image headers, so this fails up front
-    dataset = _dataset(data, processor, filter_overlong_prompts=False)
-    dataset[0]
-    with pytest.raises(DataError, match=r"d\.jsonl line 2: cannot read image 'gone\.png'"):
-        dataset[1]
-    with pytest.raises(DataError, match=r"d\.jsonl line 3: cannot read image 'broken\.png'"):
-        dataset[2]
+    for filter_overlong in (True, False):  # images are checked while loading either way
+        with pytest.raises(DataError, match=r"d\.jsonl line 2: cannot read image 'gone\.png'.*does not exist"):
+            _dataset(data, processor, filter_overlong_prompts=filter_overlong)
+    data = _write_jsonl(tmp_path / "d2.jsonl", [good, broken])
+    with pytest.raises(DataError, match=r"d2\.jsonl line 2: cannot read image 'broken\.png'"):
+        _dataset(data, processor)
     data = _write_jsonl(tmp_path / "e.jsonl", [{**good, "problem": "<image><image>two markers"}])
     with pytest.raises(DataError, match=r"e\.jsonl line 1: the prompt has 2 <image> marker"):
         _dataset(data, processor)

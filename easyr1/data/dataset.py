@@ -215,6 +215,7 @@ class RLDataset(torch.utils.data.Dataset):
         video_fps: float = 2.0,
         override_chat_template: str | None = None,
         model_config: Any = None,
+        skip_bad_rows: bool = False,
     ) -> None:
         if max_prompt_length <= 0:
             raise DataError(f"max_prompt_length must be positive, got {max_prompt_length}")
@@ -244,10 +245,11 @@ class RLDataset(torch.utils.data.Dataset):
             self.mrope = self._mrope_settings(model_config, tokenizer)
 
         self.rows = load_rows(self.data_files)
-        self._check_rows()
-        self.indices = list(range(len(self.rows)))
-        if filter_overlong_prompts:
-            self._filter_overlong()
+        if not self.rows:
+            raise DataError(f"{self.data_files}: the dataset has no rows")
+        # (row, reason) of every row dropped by skip_bad_rows
+        self.skipped: list[tuple[Row, str]] = []
+        self.indices = self._usable_rows(filter_overlong_prompts, skip_bad_rows)
 
     @classmethod
     def from_config(
@@ -267,6 +269,7 @@ class RLDataset(torch.utils.data.Dataset):
             "filter_overlong_prompts": True,
             "video_fps": 2.0,
             "override_chat_template": None,
+            "skip_bad_rows": False,
         }
         options = {name: getattr(config, name, default) for name, default in defaults.items()}
         return cls(data_files, tokenizer, processor, model_config=model_config, **options)
@@ -290,28 +293,26 @@ class RLDataset(torch.utils.data.Dataset):
 
     # ------------------------------------------------------------------ checks done once, up front
 
-    def _check_rows(self) -> None:
-        """Cheap checks on every row (keys and value types) so a bad row fails before training starts."""
-        if not self.rows:
-            raise DataError(f"{self.data_files}: the dataset has no rows")
-        for row in self.rows:
-            keys = list(row.data.keys())
-            for key, role in ((self.prompt_key, "prompt_key"), (self.answer_key, "answer_key")):
-                if key not in keys:
-                    raise DataError(f"{row.where}: missing key {key!r} (data.{role}); the row has keys {sorted(keys)}")
-            if isinstance(row.data, _HubRow):
-                continue  # reading hub values decodes images; their types are checked when the row is used
-            if not isinstance(row.data[self.prompt_key], str):
-                raise DataError(
-                    f"{row.where}: {self.prompt_key!r} must be a string, got {row.data[self.prompt_key]!r}"
-                )
-            self._answer(row)
-            has_vision = _as_list(row.data.get(self.image_key)) or _as_list(row.data.get(self.video_key))
-            if has_vision and self.bounds is None:
-                raise DataError(
-                    f"{row.where}: the row has images or videos but the model has no image processor "
-                    "(a text-only model); use a vision-language model or drop the images"
-                )
+    def _check_row(self, row: Row) -> None:
+        """Cheap checks of one row's keys and value types."""
+        keys = list(row.data.keys())
+        for key, role in ((self.prompt_key, "prompt_key"), (self.answer_key, "answer_key")):
+            if key not in keys:
+                raise DataError(f"{row.where}: missing key {key!r} (data.{role}); the row has keys {sorted(keys)}")
+        if isinstance(row.data, _HubRow):
+            return  # reading hub values decodes images; their types are checked when the row is used
+        prompt = row.data[self.prompt_key]
+        if not isinstance(prompt, str):
+            raise DataError(f"{row.where}: {self.prompt_key!r} must be a string, got {prompt!r}")
+        if not prompt.strip():
+            raise DataError(f"{row.where}: {self.prompt_key!r} is empty; give the row a prompt or remove it")
+        self._answer(row)
+        has_vision = _as_list(row.data.get(self.image_key)) or _as_list(row.data.get(self.video_key))
+        if has_vision and self.bounds is None:
+            raise DataError(
+                f"{row.where}: the row has images or videos but the model has no image processor "
+                "(a text-only model); use a vision-language model or drop the images"
+            )
 
     def _answer(self, row: Row) -> str:
         answer = row.data[self.answer_key]
@@ -321,35 +322,66 @@ class RLDataset(torch.utils.data.Dataset):
             return str(answer)
         raise DataError(f"{row.where}: {self.answer_key!r} must be a string or a number, got {answer!r}")
 
-    def _filter_overlong(self) -> None:
-        kept, dropped = [], []
-        for index in self.indices:
-            (kept if self._prompt_length(self.rows[index]) <= self.max_prompt_length else dropped).append(index)
-        if dropped:
-            shown = ", ".join(self.rows[i].where for i in dropped[:_FILTER_REPORT_ROWS])
-            more = ", ..." if len(dropped) > _FILTER_REPORT_ROWS else ""
+    def _usable_rows(self, filter_overlong: bool, skip_bad_rows: bool) -> list[int]:
+        """Check every row and measure its prompt (vision tokens included) before any model loads.
+
+        A bad row is an error naming it, or with ``skip_bad_rows`` a counted skip; an over-long prompt is dropped
+        (``filter_overlong``, counted) or an error naming its token count and the two settings that fix it.
+        """
+        kept, overlong = [], []
+        for index, row in enumerate(self.rows):
+            try:
+                self._check_row(row)
+                length, vision_tokens = self._prompt_length(row)
+            except DataError as error:
+                if not skip_bad_rows:
+                    raise
+                self.skipped.append((row, str(error)))
+                continue
+            if length <= self.max_prompt_length:
+                kept.append(index)
+            elif filter_overlong:
+                overlong.append(index)
+            else:
+                raise DataError(
+                    f"{row.where}: the prompt is {length} tokens ({vision_tokens} of them for its images/videos), "
+                    f"longer than data.max_prompt_length={self.max_prompt_length}; raise data.max_prompt_length or "
+                    "lower data.max_pixels (or set data.filter_overlong_prompts=true to drop such rows)"
+                )
+        if self.skipped:
+            shown = "; ".join(reason for _, reason in self.skipped[:_FILTER_REPORT_ROWS])
+            more = "; ..." if len(self.skipped) > _FILTER_REPORT_ROWS else ""
+            count = f"{len(self.skipped)} of {len(self.rows)}"
+            print(f"[data] skipped {count} bad rows in {self.data_files}: {shown}{more}")
+        if overlong:
+            shown = ", ".join(self.rows[i].where for i in overlong[:_FILTER_REPORT_ROWS])
+            more = ", ..." if len(overlong) > _FILTER_REPORT_ROWS else ""
             print(
-                f"[data] filtered {len(dropped)} of {len(self.rows)} prompts longer than "
+                f"[data] filtered {len(overlong)} of {len(self.rows)} prompts longer than "
                 f"max_prompt_length={self.max_prompt_length} tokens in {self.data_files} ({shown}{more})"
             )
         if not kept:
             raise DataError(
-                f"{self.data_files}: every prompt is longer than max_prompt_length={self.max_prompt_length} tokens; "
-                "raise data.max_prompt_length or lower data.max_pixels"
+                f"{self.data_files}: no usable rows ({len(self.skipped)} bad, {len(overlong)} longer than "
+                f"max_prompt_length={self.max_prompt_length} tokens); fix the data, raise data.max_prompt_length or "
+                "lower data.max_pixels"
             )
-        self.indices = kept
+        return kept
 
-    def _prompt_length(self, row: Row) -> int:
-        """Length of the expanded prompt, from image headers when possible (no pixel decoding)."""
+    def _prompt_length(self, row: Row) -> tuple[int, int]:
+        """(tokens, vision tokens) of the expanded prompt, from image headers when possible (no pixel decoding)."""
         chat, images, videos = self._chat_prompt(row)
         if videos:
-            return int(self._encode(row, chat, images, videos)[0].shape[0])
+            ids = self._encode(row, chat, images, videos)[0]
+            vision_ids = [getattr(self.mrope, "image_token_id", None), getattr(self.mrope, "video_token_id", None)]
+            return int(ids.shape[0]), int(sum((ids == token).sum() for token in vision_ids if token is not None))
         length = len(self.tokenizer.encode(chat, add_special_tokens=False))
         base_dir = self._base_dir(row)
+        vision_tokens = 0
         for value in images:
-            height, width = target_size(*image_size(value, base_dir, row.where), self.bounds)
-            length += vision_token_count(height, width, self.bounds) - 1
-        return length
+            size = image_size(value, base_dir, row.where, verify=True)
+            vision_tokens += vision_token_count(*target_size(*size, self.bounds), self.bounds)
+        return length + vision_tokens - len(images), vision_tokens
 
     # ------------------------------------------------------------------ building one item
 

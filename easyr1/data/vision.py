@@ -159,13 +159,22 @@ def load_image(value: Any, base_dir: Path | None, where: str) -> Image.Image:
         raise DataError(f"{where}: cannot read image {_describe(value)}: {error}") from error
 
 
-def image_size(value: Any, base_dir: Path | None, where: str) -> tuple[int, int]:
-    """(height, width) of an image without decoding its pixels (reads the file header only)."""
+def image_size(value: Any, base_dir: Path | None, where: str, verify: bool = False) -> tuple[int, int]:
+    """(height, width) of an image without decoding its pixels (reads the file header only).
+
+    ``verify`` also reads the rest of the file and checks its integrity (a truncated file fails here, not in the
+    middle of training), still without decoding pixels.
+    """
     try:
         image = _open_image(value, base_dir)
-        return image.height, image.width
+        height, width = image.height, image.width
+        if verify and not isinstance(value, Image.Image):
+            image.verify()
     except (OSError, ValueError, TypeError, SyntaxError) as error:
         raise DataError(f"{where}: cannot read image {_describe(value)}: {error}") from error
+    if height == 0 or width == 0:
+        raise DataError(f"{where}: image {_describe(value)} has zero size ({width}x{height} pixels)")
+    return height, width
 
 
 def load_video(value: Any, base_dir: Path | None, where: str, fps: float) -> list[Image.Image]:
