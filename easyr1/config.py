@@ -879,6 +879,11 @@ def _check_sizes(config: PPOConfig, num_workers: int | None, problems: list[str]
     ]
     if data.mini_rollout_batch_size is not None and data.mini_rollout_batch_size >= 1:
         per_batch.append(("data.mini_rollout_batch_size", data.mini_rollout_batch_size, None))
+        if rollout_size % data.mini_rollout_batch_size:
+            problems.append(
+                f"data.mini_rollout_batch_size={data.mini_rollout_batch_size} must divide data.rollout_batch_size="
+                f"{rollout_size}: a step's prompts are drawn in whole generation rounds"
+            )
     if config.algorithm.adv_estimator == "gae":
         critic = config.worker.critic
         if critic.global_batch_size > rollout_size or rollout_size % max(critic.global_batch_size, 1):
@@ -1062,7 +1067,6 @@ def to_yaml(config: PPOConfig) -> str:
 
 # Settings this version accepts (so EasyR1 configs load) but does not act on yet, with their neutral values.
 _NOT_YET_ACTIVE: dict[str, Any] = {
-    "data.mini_rollout_batch_size": None,
     "worker.actor.ulysses_size": 1,
     "worker.actor.use_torch_compile": False,
     "worker.actor.fsdp.enable_rank0_init": False,

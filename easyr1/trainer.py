@@ -103,15 +103,17 @@ class Trainer:
         self.train_dataset = RLDataset.from_config(
             config.data, config.data.train_files, self.tokenizer, self.processor, model_config
         )
+        # Prompts are drawn in generation rounds of mini_rollout_batch_size (DAPO refills a step round by round).
+        self.round_size = config.data.mini_rollout_batch_size or config.data.rollout_batch_size
         self.prompts = PromptStream(
             self.train_dataset,
-            config.data.rollout_batch_size,
+            self.round_size,
             config.data.shuffle,
             config.data.seed,
             collate_fn,
             config.data.dataloader_num_workers,
         )
-        steps_per_epoch = self.prompts.steps_per_epoch
+        steps_per_epoch = self.prompts.steps_per_epoch * self.round_size // config.data.rollout_batch_size
         if steps_per_epoch == 0:
             raise UserError(
                 f"data.train_files ({config.data.train_files}) has {len(self.train_dataset)} usable rows, fewer than "
@@ -176,7 +178,7 @@ class Trainer:
             disable=None,
         ) as progress:
             for step in range(self.global_step + 1, self.total_steps + 1):
-                metrics = self.train_step(self.prompts.next(), step)
+                metrics = self.train_step(self._step_prompts(), step)
                 self.global_step = step
                 # Like EasyR1: every save_freq steps, and always after the last step.
                 if (save_freq > 0 and step % save_freq == 0) or step == self.total_steps:
@@ -190,6 +192,14 @@ class Trainer:
         for tracker in self.trackers:
             tracker.close()
         return history
+
+    def _step_prompts(self) -> Batch:
+        """The prompts a step starts from: a full rollout batch, or with online filtering one generation round
+        (further rounds follow only while too few groups are informative)."""
+        if self.config.algorithm.online_filtering:
+            return self.prompts.next()
+        rounds = self.config.data.rollout_batch_size // self.round_size
+        return Batch.concat([self.prompts.next() for _ in range(rounds)])
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self, val_score: float | None = None) -> Path:

@@ -47,6 +47,12 @@ RUNS = {
     "kl_in_reward_adaptive": ["algorithm.disable_kl=false", "algorithm.kl_type=adaptive", "algorithm.kl_coef=0.05"],
     "rollout_correction": ["algorithm.rollout_correction=token_tis"],
     "dapo_filtering": ["algorithm.online_filtering=true", "worker.actor.clip_ratio_high=0.28"],
+    "dapo_mini_rounds": [
+        "algorithm.online_filtering=true",
+        "data.mini_rollout_batch_size=4",
+        "trainer.max_try_make_batch=60",
+    ],
+    "grpo_mini_rounds": ["data.mini_rollout_batch_size=8"],
 }
 
 
@@ -94,6 +100,11 @@ def test_algorithm_runs_three_steps(name, tiny_qwen2_5_vl_dir, tiny_dataset_dir,
         assert all(record["filter/rounds"] >= 1 for record in records)
         assert all(record["batch/samples"] == 16 * 4 for record in records)
         assert any(record["filter/kept_ratio"] < 1 for record in records)
+    if name == "dapo_mini_rounds":  # rounds of 4 prompts: at least 4 rounds to fill 16 prompts' worth of groups
+        assert all(record["filter/rounds"] >= 4 for record in records)
+        assert all(record["batch/samples"] == 16 * 4 for record in records)
+    if name == "grpo_mini_rounds":  # two rounds of 8 prompts make one step of 16
+        assert all(record["batch/samples"] == 16 * 4 for record in records)
 
 
 def test_disable_kl_loads_no_reference_model(tiny_qwen2_5_vl_dir, tiny_dataset_dir):
