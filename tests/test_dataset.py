@@ -441,3 +441,47 @@ def test_ensure_demo_assets_builds_once_and_repairs_half_built_dirs(tmp_path):
     ensure_demo_assets(root, family="qwen2_5_vl")
     assert len((data_dir / "train.jsonl").read_text().splitlines()) == 2048
     assert (data_dir / "images" / "train_02047.png").is_file()
+
+
+def _write_video(path: Path, frames: int, fps: int) -> None:
+    """An mp4 of a green square moving right on red, one step per frame."""
+    import av
+
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("mpeg4", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = 64, 64, "yuv420p"
+        for index in range(frames):
+            image = np.zeros((64, 64, 3), np.uint8)
+            image[:, :, 0] = 200
+            image[20:36, 4 + 6 * index : 20 + 6 * index] = (0, 230, 0)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+
+
+def test_sample_times_are_even_in_count_and_inside_the_video():
+    from easyr1.data.vision import sample_times
+
+    assert sample_times(1.75, 2.0) == [0.0, 0.5, 1.0, 1.5]
+    assert sample_times(1.0, 2.0) == [0.0, 0.5, 1.0, 1.0]  # 3 frames, padded to an even count
+    assert sample_times(0.0, 2.0) == [0.0, 0.0]
+
+
+def test_video_files_are_decoded_at_video_fps(tmp_path, processor):
+    _write_video(tmp_path / "clip.mp4", frames=8, fps=4)  # frame times 0, 0.25, ..., 1.75 s
+    data = _write_jsonl(tmp_path / "v.jsonl", [{"problem": "<video>Where does it go?", "answer": "right",
+                                                 "videos": ["clip.mp4"]}])  # fmt: skip
+    item = _dataset(data, processor, video_fps=2.0)[0]
+    video = item["multi_modal_data"]["videos"][0]
+    assert video.shape[0] == 4  # times 0, 0.5, 1.0, 1.5 s: source frames 0, 2, 4, 6
+    # the square's column (green channel) moves 12 px per kept frame, resized with the frame
+    columns = [int(np.argmax(frame[:, :, 1].astype(int).sum(axis=0))) for frame in video]
+    steps = [b - a for a, b in zip(columns, columns[1:])]
+    assert all(step > 0 for step in steps), columns
+    assert item["multi_modal_inputs"]["video_grid_thw"][0, 0].item() == 2  # 4 frames in temporal pairs
+
+    (tmp_path / "broken.mp4").write_bytes(b"not a video at all")
+    broken = _write_jsonl(tmp_path / "b.jsonl", [{"problem": "<video>?", "answer": "x", "videos": ["broken.mp4"]}])
+    with pytest.raises(DataError, match=r"b\.jsonl line 1: cannot decode video"):
+        _dataset(broken, processor)

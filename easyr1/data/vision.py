@@ -180,8 +180,8 @@ def image_size(value: Any, base_dir: Path | None, where: str, verify: bool = Fal
 def load_video(value: Any, base_dir: Path | None, where: str, fps: float) -> list[Image.Image]:
     """Frames of a video as RGB images: a list of frame images, a directory of frames, or a video file.
 
-    Video files are decoded with qwen-vl-utils at ``fps`` frames per second; that needs a video decoder
-    (torchvision video, decord or torchcodec) to be installed.
+    Video files are decoded at ``fps`` frames per second with PyAV (a dependency of qwen-vl-utils), or with
+    qwen-vl-utils' own readers when PyAV is missing.
     """
     if isinstance(value, Sequence) and not isinstance(value, (str, bytes, bytearray)):
         frames = list(value)
@@ -203,11 +203,54 @@ def _decode_video_file(path: Path, where: str, fps: float) -> list[Image.Image]:
     if not path.is_file():
         raise DataError(f"{where}: video file {path} does not exist")
     try:
+        frames = _decode_with_pyav(path, fps)
+    except ImportError:
+        frames = _decode_with_qwen_vl_utils(path, where, fps)
+    except Exception as error:  # container and codec errors come in many library-specific types
+        raise DataError(f"{where}: cannot decode video {path}: {error}") from error
+    if not frames:
+        raise DataError(f"{where}: video {path} has no frames")
+    return frames
+
+
+def sample_times(duration: float, fps: float) -> list[float]:
+    """Times (seconds) of the frames kept from a ``duration``-second video at ``fps``: an even count (Qwen-VL
+    groups frames in pairs), at least two."""
+    count = max(2, int(duration * fps) + 1)
+    count += count % 2
+    return [min(index / fps, duration) for index in range(count)]
+
+
+def _decode_with_pyav(path: Path, fps: float) -> list[Image.Image]:
+    """Frames at ``fps`` via PyAV (each kept time takes the nearest decoded frame)."""
+    import av
+
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        decoded = [(frame.time, frame.to_image()) for frame in container.decode(stream)]
+    if not decoded:
+        return []
+    rate = float(stream.average_rate or fps)
+    times = [time if time is not None else index / rate for index, (time, _) in enumerate(decoded)]
+    start = times[0]
+    picks = [
+        min(range(len(times)), key=lambda i: abs(times[i] - start - target))
+        for target in sample_times(times[-1] - start, fps)
+    ]
+    return [decoded[index][1].convert("RGB") for index in picks]
+
+
+def _decode_with_qwen_vl_utils(path: Path, where: str, fps: float) -> list[Image.Image]:
+    """Frames via qwen-vl-utils (needs torchvision's video reader, decord or torchcodec)."""
+    try:
         from qwen_vl_utils import fetch_video
 
         frames = fetch_video({"video": str(path), "fps": fps})
     except Exception as error:  # decoders fail in many library-specific ways; report them all the same way
-        raise DataError(f"{where}: cannot decode video {path}: {error}") from error
+        raise DataError(
+            f"{where}: cannot decode video {path}: {error}; install PyAV (pip install av) or give the video as "
+            "a folder or list of frame images"
+        ) from error
     # qwen-vl-utils returns a (T, C, H, W) tensor of 0-255 values
     array = np.asarray(frames.permute(0, 2, 3, 1).float().clamp(0, 255).round().byte())
     return [Image.fromarray(frame) for frame in array]
