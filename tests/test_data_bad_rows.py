@@ -134,3 +134,31 @@ def test_overlong_vision_prompt_is_caught_before_any_model_loads(bad_rows, model
     message = str(error.value)
     assert "long.jsonl line 2: the prompt is" in message and "(16 of them for its images/videos)" in message
     assert "data.max_prompt_length" in message and "data.max_pixels" in message
+
+
+@pytest.mark.slow
+def test_training_runs_on_the_good_rows_of_a_dataset_with_every_bad_row(
+    bad_rows, tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path
+):
+    from test_cli import base_args, run_cli
+
+    root, rows, expected = bad_rows
+    shape_rows = [json.loads(line) for line in (tiny_dataset_dir / "train.jsonl").read_text().splitlines()]
+    for row in shape_rows:  # absolute paths: the mixed file lives in another folder
+        row["images"] = [str(tiny_dataset_dir / image) for image in row["images"]]
+    bad = [row for index, row in enumerate(rows) if index >= 3]
+    write(root / "train_with_bad.jsonl", shape_rows[:32] + bad)
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        [
+            *base_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir),
+            f"data.train_files={root / 'train_with_bad.jsonl'}",
+            "data.skip_bad_rows=true",
+            "trainer.max_steps=2",
+            f"trainer.save_checkpoint_path={run_dir}",
+        ]
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert f"skipped {len(expected)} of {32 + len(bad)} bad rows" in result.stdout
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]

@@ -112,17 +112,24 @@ def test_packed_equals_padded_on_text_image_multi_image_and_video_rows(family, t
     mask = batch["response_mask"].bool()
     torch.manual_seed(0)
     model = load_model(str(model_dir), torch.float32)
-    with torch.no_grad():
-        padded = log_probs_from_logits(
-            model(**forward_inputs(batch), use_cache=False).logits[:, -6:-1], batch["responses"]
-        )
-        logits = packed_response_logits(
-            model,
-            batch["input_ids"],
-            batch["attention_mask"],
-            batch["position_ids"],
-            5,
-            merge_vision_inputs(batch["multi_modal_inputs"]),
-        )
-        packed = log_probs_from_logits(logits, batch["responses"])
+
+    def log_probs_and_grads(packed: bool):
+        model.zero_grad(set_to_none=True)
+        if packed:
+            vision = merge_vision_inputs(batch["multi_modal_inputs"])
+            ids, attention, positions = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
+            logits = packed_response_logits(model, ids, attention, positions, 5, vision)
+        else:
+            logits = model(**forward_inputs(batch), use_cache=False).logits[:, -6:-1]
+        values = log_probs_from_logits(logits, batch["responses"])
+        (values * mask).sum().backward()
+        grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+        return values.detach(), grads
+
+    padded, padded_grads = log_probs_and_grads(packed=False)
+    packed, packed_grads = log_probs_and_grads(packed=True)
     assert (packed - padded)[mask].abs().max() < 1e-5
+    assert padded_grads.keys() == packed_grads.keys()
+    assert any(name.startswith("model.visual.") for name in padded_grads)  # images and video reached the tower
+    for name, grad in padded_grads.items():
+        torch.testing.assert_close(packed_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
