@@ -1072,15 +1072,10 @@ _NOT_YET_ACTIVE: dict[str, Any] = {
     "worker.actor.fsdp.enable_rank0_init": False,
     "worker.actor.offload.offload_params": False,
     "worker.actor.offload.offload_optimizer": False,
-    "trainer.val_before_train": False,
-    "trainer.val_only": False,
 }
-_NOT_YET_ACTIVE_IF_POSITIVE = ("trainer.val_freq",)
 
 
 def inactive_settings(config: PPOConfig) -> list[str]:
     """Keys set to a value this version accepts but does not act on yet (printed as a warning at start-up)."""
-    values = {key: _get_key(config, key) for key in [*_NOT_YET_ACTIVE, *_NOT_YET_ACTIVE_IF_POSITIVE]}
-    inactive = [f"{key}={values[key]}" for key, neutral in _NOT_YET_ACTIVE.items() if values[key] != neutral]
-    inactive += [f"{key}={values[key]}" for key in _NOT_YET_ACTIVE_IF_POSITIVE if values[key] > 0]
-    return inactive
+    values = {key: _get_key(config, key) for key in _NOT_YET_ACTIVE}
+    return [f"{key}={values[key]}" for key, neutral in _NOT_YET_ACTIVE.items() if values[key] != neutral]

@@ -8,8 +8,10 @@ advantages on the driver, update the policy on the workers, and log the metrics.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
+from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,10 +46,14 @@ from easyr1.protocol import Batch
 from easyr1.workers.hybrid_worker import HybridWorker
 from easyr1.workers.reward import load_reward_function
 from easyr1.workers.reward_actor import RewardActor
+from easyr1.workers.rollout.base import SamplingSettings
 
 
 # What the actor's forward needs; the rest of the batch (images for vLLM, strings) stays on the driver.
 ACTOR_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "multi_modal_inputs")
+SAMPLING_KEYS = {field.name for field in dataclasses.fields(SamplingSettings)}
+# Validation samples get their own seed stream, apart from training's generation rounds.
+VALIDATION_ROUND = 1_000_000
 # The per-sample python objects of a prompt (besides its tensors), as the dataset yields them.
 PROMPT_OBJECTS = ("raw_prompt_ids", "multi_modal_data", "multi_modal_inputs", "ground_truth")
 
@@ -113,6 +119,12 @@ class Trainer:
             collate_fn,
             config.data.dataloader_num_workers,
         )
+        self.val_dataset = None
+        trainer = config.trainer
+        if trainer.val_freq > 0 or trainer.val_before_train or trainer.val_only:
+            self.val_dataset = RLDataset.from_config(
+                config.data, config.data.val_files, self.tokenizer, self.processor, model_config
+            )
         steps_per_epoch = self.prompts.steps_per_epoch * self.round_size // config.data.rollout_batch_size
         if steps_per_epoch == 0:
             raise UserError(
@@ -168,7 +180,17 @@ class Trainer:
     def fit(self) -> list[dict[str, float]]:
         """Train from the current step up to ``total_steps``; returns the metrics of the steps run."""
         history = []
-        save_freq = self.config.trainer.save_freq
+        trainer = self.config.trainer
+        # before the first step (not again when resuming), or only that with val_only
+        if trainer.val_only or (trainer.val_before_train and self.global_step == 0):
+            val_metrics = self.validate()
+            history.append(val_metrics)
+            for tracker in self.trackers:
+                tracker.log(val_metrics, self.global_step)
+            if trainer.val_only:
+                self._close_trackers()
+                return history
+        save_freq = trainer.save_freq
         with tqdm(
             total=self.total_steps,
             initial=self.global_step,
@@ -180,18 +202,79 @@ class Trainer:
             for step in range(self.global_step + 1, self.total_steps + 1):
                 metrics = self.train_step(self._step_prompts(), step)
                 self.global_step = step
+                val_score = None
+                if trainer.val_freq > 0 and (step % trainer.val_freq == 0 or step == self.total_steps):
+                    start = time.perf_counter()
+                    metrics.update(self.validate())
+                    metrics["timing/validate"] = time.perf_counter() - start
+                    val_score = metrics["val/reward_score"]
                 # Like EasyR1: every save_freq steps, and always after the last step.
                 if (save_freq > 0 and step % save_freq == 0) or step == self.total_steps:
                     start = time.perf_counter()
-                    self.save_checkpoint()
+                    self.save_checkpoint(val_score)
                     metrics["timing/save_checkpoint"] = time.perf_counter() - start
                 history.append(metrics)
                 for tracker in self.trackers:
                     tracker.log(metrics, step)
                 progress.update(1)
+        self._close_trackers()
+        return history
+
+    def _close_trackers(self) -> None:
         for tracker in self.trackers:
             tracker.close()
-        return history
+
+    # ------------------------------------------------------------------------------------------- validation
+    def validate(self) -> dict[str, float]:
+        """Generate for the whole validation set with ``worker.rollout.val_override_config``, score it, and return
+        ``val/`` metrics (reward and sub-scores, response lengths); logs the first ``val_generations_to_log``."""
+        overrides = dict(self.config.worker.rollout.val_override_config)
+        n = int(overrides.pop("n", 1))
+        # engine settings (memory, ...) are fixed at start-up; only the sampling ones can change per call
+        sampling = self._sampling_settings({key: value for key, value in overrides.items() if key in SAMPLING_KEYS})
+        size = self.config.data.val_batch_size
+        size = len(self.val_dataset) if size == -1 else size
+        scores, sub_scores, lengths, shown = [], defaultdict(list), [], []
+        for start in range(0, len(self.val_dataset), size):
+            rows = range(start, min(start + size, len(self.val_dataset)))
+            prompts = collate_fn([self.val_dataset[i] for i in rows])
+            batch = self._generate(prompts, self.global_step, VALIDATION_ROUND + start, sampling, n=n)
+            batch_scores, batch_sub_scores = self._resolve_reward(
+                self.reward_actor.score.remote(self._reward_inputs(batch))
+            )
+            scores.append(batch_scores)
+            for key, values in batch_sub_scores.items():
+                sub_scores[key] += list(values)
+            lengths.append(batch["response_mask"].sum(dim=-1).float())
+            keep = self.config.trainer.val_generations_to_log - len(shown)
+            shown += self._generation_records(batch, batch_scores)[: max(keep, 0)]
+        all_scores, all_lengths = torch.cat(scores), torch.cat(lengths)
+        metrics = {
+            "val/reward_score": all_scores.mean().item(),
+            "val/response_length/mean": all_lengths.mean().item(),
+            "val/response_length/clip_ratio": (all_lengths >= sampling["max_tokens"]).float().mean().item(),
+        }
+        for key, values in sub_scores.items():
+            if key != "overall":
+                metrics[f"val/{key}"] = float(np.mean(values))
+        for tracker in self.trackers:
+            log_generations = getattr(tracker, "log_generations", None)
+            if log_generations is not None:
+                log_generations(shown, self.global_step)
+        return metrics
+
+    def _generation_records(self, batch: Batch, scores: torch.Tensor) -> list[dict[str, Any]]:
+        """Prompt, response, answer and score of each sample, as text."""
+        lengths = batch["response_mask"].sum(dim=-1).tolist()
+        return [
+            {
+                "prompt": self.tokenizer.decode(batch["raw_prompt_ids"][i], skip_special_tokens=False),
+                "response": self.tokenizer.decode(batch["responses"][i, : lengths[i]].tolist()),
+                "ground_truth": batch["ground_truth"][i],
+                "score": float(scores[i]),
+            }
+            for i in range(len(batch))
+        ]
 
     def _step_prompts(self) -> Batch:
         """The prompts a step starts from: a full rollout batch, or with online filtering one generation round
@@ -328,15 +411,28 @@ class Trainer:
         return {**self._step_metrics(batch, scores, sub_scores, worker_metrics, timings), **metrics}
 
     # ------------------------------------------------------------------------------------------- rollouts
-    def _generate(self, prompts: Batch, step: int, attempt: int, sampling: dict[str, Any] | None = None) -> Batch:
-        """``n`` samples per prompt (``1`` with explicit ``sampling``), each with its own reproducible seed."""
-        n = self.config.worker.rollout.n if sampling is None else 1
+    def _generate(
+        self,
+        prompts: Batch,
+        step: int,
+        attempt: int,
+        sampling: dict[str, Any] | None = None,
+        n: int | None = None,
+    ) -> Batch:
+        """``n`` samples per prompt (default: ``worker.rollout.n``, or 1 with explicit ``sampling``), each with its
+        own reproducible seed. Any number of prompts: rows are repeated up to a multiple of the worker count for the
+        engines and the extra samples dropped."""
+        n = n if n is not None else (self.config.worker.rollout.n if sampling is None else 1)
         prompts["uid"] = np.array([f"{step}-{attempt}-{i}" for i in range(len(prompts))], dtype=object)
         batch = prompts.repeat(n, interleave=True)
         # Seeds depend on (rollout.seed, step, attempt, sample) only, so a resumed step replays exactly.
         base = ((self.config.worker.rollout.seed * 1_000_003 + step) * 1_009 + attempt) * len(batch)
         batch["sample_seed"] = torch.arange(len(batch)) + base
-        return self.workers.run_split("generate", batch, sampling or self._sampling_settings())
+        size, workers = len(batch), self.workers.num_workers
+        if size % workers:
+            batch = Batch.concat([batch, batch.index(list(range(workers - size % workers)))])
+        output = self.workers.run_split("generate", batch, sampling or self._sampling_settings())
+        return output.index(slice(0, size)) if len(output) != size else output
 
     def _fill_with_informative_groups(
         self, batch: Batch, reward: ray.ObjectRef, step: int, metrics: dict[str, float]
@@ -391,6 +487,8 @@ class Trainer:
             "ignore_eos": rollout.ignore_eos,
         }
         settings.update(overrides or {})
+        if settings["temperature"] == 0:  # EasyR1's way of asking for greedy decoding
+            settings["greedy"], settings["temperature"] = True, 1.0
         return settings
 
     def _reward_inputs(self, batch: Batch) -> list[dict[str, Any]]:

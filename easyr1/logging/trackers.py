@@ -39,6 +39,7 @@ CONSOLE_KEYS = (
     ("actor/grad_norm", "grad"),
     ("rollout/log_prob_gap", "lp_gap"),
     ("timing/step", "s/step"),
+    ("val/reward_score", "val_reward"),
 )
 
 
@@ -53,6 +54,13 @@ class ConsoleTracker:
         parts = [f"step {step}"]
         parts += [f"{label} {metrics[key]:.4g}" for key, label in CONSOLE_KEYS if key in metrics]
         self._print(" | ".join(parts), flush=True)
+
+    def log_generations(self, samples: list[Mapping[str, Any]], step: int) -> None:
+        """Print a few validation samples: answer, score and the response."""
+        for sample in samples:
+            response = str(sample["response"]).replace("\n", " ")[:200]
+            self._print(f"  val sample | answer {sample['ground_truth']!r} | score {sample['score']:.3g} | {response}",
+                        flush=True)  # fmt: skip
 
     def close(self) -> None:
         """Nothing to release."""
@@ -121,6 +129,14 @@ class FileTracker:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())
+
+    def log_generations(self, samples: list[Mapping[str, Any]], step: int) -> None:
+        """Append the samples to ``generations.jsonl`` beside the metrics, one object per sample with its step."""
+        with (self.path.parent / "generations.jsonl").open("a", encoding="utf-8") as file:
+            for sample in samples:
+                file.write(json.dumps({"step": step, **{k: _json_value(v) for k, v in sample.items()}}) + "\n")
+            file.flush()
+            os.fsync(file.fileno())
 
     def close(self) -> None:
         """Close the file."""

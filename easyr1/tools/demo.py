@@ -90,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         f"trainer.experiment_name=shape_color_grpo_seed{args.seed}",
         # each demo run trains from scratch; pass trainer.find_last_checkpoint=true to continue an interrupted one
         "trainer.find_last_checkpoint=false",
+        # greedy answers on the 128 held-out images before training and every 50 steps
+        "trainer.val_before_train=true",
+        "trainer.val_freq=50",
+        "worker.rollout.val_override_config={temperature: 0, n: 1}",
         *args.overrides,
     ]
     try:
@@ -108,9 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     config = load_config(overrides)
     metrics_file = Path(config.trainer.log_dir) / "metrics.jsonl"
     # the whole run's curve, also when this invocation resumed an interrupted run
-    history = [json.loads(line) for line in metrics_file.read_text(encoding="utf-8").splitlines()]
+    records = [json.loads(line) for line in metrics_file.read_text(encoding="utf-8").splitlines()]
+    history = [record for record in records if "reward/overall" in record]  # training steps, not step 0's validation
+    validations = [record["val/reward_score"] for record in records if "val/reward_score" in record]
     first, last = summarize(history)
     print(f"per-step metrics: {metrics_file}")
+    if validations:
+        print(f"validation reward (greedy, held-out images): {' -> '.join(f'{v:.3f}' for v in validations)}")
     final_actor = Path(config.trainer.save_checkpoint_path) / f"global_step_{len(history)}" / "actor"
     print(f"final checkpoint: {final_actor} (export: python scripts/model_merger.py --local_dir {final_actor})")
     label = "demo-control" if args.shuffle_images else "demo"
