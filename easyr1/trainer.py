@@ -33,7 +33,7 @@ from easyr1.algorithms import (
 )
 from easyr1.checkpoint.manager import TRAINER_STATE_NAME, CheckpointDirectory
 from easyr1.checkpoint.sharded import rng_state, save_durably, set_rng_state
-from easyr1.config import PPOConfig, to_yaml
+from easyr1.config import PPOConfig, to_dict, to_yaml
 from easyr1.data import RLDataset, collate_fn
 from easyr1.data.sampler import PromptStream
 from easyr1.distributed import WorkerGroup
@@ -146,7 +146,12 @@ class Trainer:
         self.global_step = int(resumed_state.get("global_step", 0))
         self.log_dir = Path(config.trainer.log_dir)
         self.trackers = build_trackers(
-            list(config.trainer.logger), self.log_dir, resume_step=self.global_step if self.resume_from else None
+            list(config.trainer.logger),
+            self.log_dir,
+            resume_step=self.global_step if self.resume_from else None,
+            project=config.trainer.project_name,
+            experiment=config.trainer.experiment_name,
+            config=to_dict(config),
         )
 
         self.reward_actor = RewardActor.options(num_cpus=config.worker.reward.num_cpus).remote(

@@ -21,7 +21,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   : >"$log"
   # torch first, pinned to the CPU build: anything else lets pip pull a multi-GB CUDA build.
   quietly "${PIP[@]}" install "torch==2.13.0+cpu"
-  quietly "${PIP[@]}" install -e ".[cpu,dev]" "torch==2.13.0+cpu"
+  quietly "${PIP[@]}" install -e ".[cpu,dev,trackers]" "torch==2.13.0+cpu"
   # CUDA-only wheels that cannot load beside torch+cpu and that nothing on the CPU path needs.
   "${PIP[@]}" uninstall -y torchaudio torchcodec triton >/dev/null 2>&1 || true
   site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")

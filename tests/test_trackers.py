@@ -68,3 +68,104 @@ def test_unknown_tracker_is_a_config_error(tmp_path):
     assert len(build_trackers(["console", "file"], tmp_path)) == 2
     with pytest.raises(ConfigError, match="trainer.logger"):
         build_trackers(["nope"], tmp_path)
+
+
+# ---------------------------------------------------------------- the optional libraries, each in its offline mode
+STEPS = {1: {"reward/overall": 0.25, "actor/pg_loss": -0.5}, 2: {"reward/overall": 0.75, "actor/pg_loss": 0.125}}
+CONFIG = {"algorithm": {"adv_estimator": "grpo"}, "data": {"rollout_batch_size": 16}}
+
+
+def log_steps(name: str, log_dir) -> None:
+    (tracker,) = build_trackers([name], log_dir, project="proj", experiment="exp", config=CONFIG)
+    for step, metrics in STEPS.items():
+        tracker.log(metrics, step)
+    tracker.close()
+
+
+def test_tensorboard_event_files_read_back(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    log_steps("tensorboard", tmp_path)
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    for key in ("reward/overall", "actor/pg_loss"):
+        assert [(event.step, event.value) for event in events.Scalars(key)] == [
+            (step, pytest.approx(metrics[key])) for step, metrics in STEPS.items()
+        ]
+
+
+def test_mlflow_local_file_store_reads_back(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    log_steps("mlflow", tmp_path)
+    client = MlflowClient(f"file:{tmp_path / 'mlruns'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("proj").experiment_id])
+    assert run.info.run_name == "exp" and run.data.params["algorithm.adv_estimator"] == "grpo"
+    history = client.get_metric_history(run.info.run_id, "reward/overall")
+    assert [(metric.step, metric.value) for metric in history] == [(1, 0.25), (2, 0.75)]
+
+
+def read_wandb_history(run_file) -> list[dict]:
+    """History rows of an offline wandb run file (a LevelDB-style log of protobuf records)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data, block, header = run_file.read_bytes(), 32768, 7
+    assert data[:4] == b":W&B"
+    rows, position, pending = [], header, b""
+    while position + header <= len(data):
+        if block - position % block < header:  # block padding
+            position += block - position % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[position : position + header])
+        if kind == 0 and length == 0:
+            break
+        chunk, position = data[position + header : position + header + length], position + header + length
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):  # a full record, or the last piece of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            if record.WhichOneof("record_type") == "history":
+                items = record.history.item  # "a/b" keys are stored split, as nested keys
+                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in items})
+    return rows
+
+
+def test_wandb_offline_run_reads_back(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    log_steps("wandb", tmp_path)
+    (run_file,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    rows = read_wandb_history(run_file)
+    assert [(row["_step"], row["reward/overall"], row["actor/pg_loss"]) for row in rows] == [
+        (step, metrics["reward/overall"], metrics["actor/pg_loss"]) for step, metrics in STEPS.items()
+    ]
+
+
+def test_swanlab_offline_run_reads_back(tmp_path, monkeypatch):
+    from swanlab.proto.swanlab.record.v1.record_pb2 import Record
+    from swanlab.sdk.internal.core_python.store import DataStoreReader
+
+    monkeypatch.setenv("SWANLAB_MODE", "offline")
+    log_steps("swanlab", tmp_path)
+    (run_file,) = (tmp_path / "swanlab").glob("run-*/run-*.swanlab")
+    reader, scalars = DataStoreReader(), []
+    reader.open(run_file)
+    while (data := reader.scan()) is not None:
+        record = Record()
+        record.ParseFromString(data)
+        if record.WhichOneof("record_type") == "scalar":
+            scalars.append((record.scalar.key, record.scalar.step, record.scalar.value.number))
+    reader.close()
+    expected = [(key, step, value) for step, metrics in STEPS.items() for key, value in metrics.items()]
+    assert sorted(scalars) == sorted(expected)
+
+
+def test_missing_library_gives_an_install_hint(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # what an uninstalled package looks like to import
+    with pytest.raises(ConfigError, match="pip install wandb"):
+        build_trackers(["wandb"], tmp_path)

@@ -1,7 +1,9 @@
 """Trackers receive one flat ``{name: float}`` dict per step.
 
 ``console`` prints one short line per step; ``file`` appends one JSON object per step (with a ``step``
-field) to ``<log_dir>/metrics.jsonl``, flushed after every write so a crash loses nothing logged.
+field) to ``<log_dir>/metrics.jsonl``, flushed after every write so a crash loses nothing logged;
+``tensorboard``, ``mlflow``, ``wandb`` and ``swanlab`` hand the same dicts to those libraries, each imported
+only when selected.
 """
 
 from __future__ import annotations
@@ -143,8 +145,123 @@ class FileTracker:
         self._file.close()
 
 
-def build_trackers(names: list[str], log_dir: str | os.PathLike, resume_step: int | None = None) -> list[Tracker]:
-    """Instantiate the trackers named in ``trainer.logger`` (``resume_step``: the run continues from that step)."""
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+class TensorBoardTracker:
+    """Scalars in TensorBoard event files under ``<log_dir>/tensorboard``."""
+
+    def __init__(self, log_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(log_dir / "tensorboard"))
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        """One scalar per metric at ``step``."""
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        """Flush and close the event file."""
+        self.writer.close()
+
+
+class MLflowTracker:
+    """An MLflow run: experiment ``project_name``, run ``experiment_name``. Without ``MLFLOW_TRACKING_URI`` the
+    runs go to a local file store, ``<log_dir>/mlruns``."""
+
+    def __init__(self, log_dir: Path, project: str, experiment: str, config: Mapping[str, Any]) -> None:
+        import mlflow
+
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"file:{log_dir / 'mlruns'}"
+        if uri.startswith("file:"):
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps the file store opt-in
+        mlflow.set_tracking_uri(uri)
+        mlflow.set_experiment(project)
+        self.mlflow = mlflow
+        self.run = mlflow.start_run(run_name=experiment)
+        mlflow.log_params({key: str(value)[:500] for key, value in _flatten(config).items()})
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        """Log the step's metrics."""
+        self.mlflow.log_metrics({key: float(value) for key, value in metrics.items()}, step=step)
+
+    def close(self) -> None:
+        """End the run."""
+        self.mlflow.end_run()
+
+
+class WandbTracker:
+    """A Weights & Biases run under ``<log_dir>/wandb`` (``WANDB_MODE=offline`` keeps it on disk)."""
+
+    def __init__(self, log_dir: Path, project: str, experiment: str, config: Mapping[str, Any]) -> None:
+        import wandb
+
+        self.run = wandb.init(project=project, name=experiment, dir=str(log_dir), config=dict(config))
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        """Log the step's metrics."""
+        self.run.log(dict(metrics), step=step)
+
+    def close(self) -> None:
+        """Finish the run."""
+        self.run.finish()
+
+
+class SwanLabTracker:
+    """A SwanLab run under ``<log_dir>/swanlab`` (``SWANLAB_MODE=offline`` or ``local`` keeps it on disk)."""
+
+    def __init__(self, log_dir: Path, project: str, experiment: str, config: Mapping[str, Any]) -> None:
+        import swanlab
+
+        self.swanlab = swanlab
+        swanlab.init(
+            project=project,
+            experiment_name=experiment,
+            logdir=str(log_dir / "swanlab"),
+            config=dict(config),
+            mode=os.environ.get("SWANLAB_MODE") or None,
+        )
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        """Log the step's metrics."""
+        self.swanlab.log(dict(metrics), step=step)
+
+    def close(self) -> None:
+        """Finish the run."""
+        self.swanlab.finish()
+
+
+# The package each optional tracker needs, for the install hint.
+_PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow-skinny", "wandb": "wandb", "swanlab": "swanlab"}
+TRACKERS = ("console", "file", *_PACKAGES)
+
+
+def build_trackers(
+    names: list[str],
+    log_dir: str | os.PathLike,
+    resume_step: int | None = None,
+    project: str = "easyr1",
+    experiment: str = "run",
+    config: Mapping[str, Any] | None = None,
+) -> list[Tracker]:
+    """Instantiate the trackers named in ``trainer.logger`` (``resume_step``: the run continues from that step).
+
+    Optional libraries are imported only when selected; a missing one is a clear error with the install command.
+    """
+    unknown = [name for name in names if name not in TRACKERS]
+    if unknown:
+        raise ConfigError(f"trainer.logger: {unknown} unknown; choose from {list(TRACKERS)}")
+    log_dir, config = Path(log_dir), dict(config or {})
     trackers: list[Tracker] = []
     for name in names:
         if name == "console":
@@ -152,7 +269,18 @@ def build_trackers(names: list[str], log_dir: str | os.PathLike, resume_step: in
         elif name == "file":
             trackers.append(FileTracker(log_dir, resume_step=resume_step))
         else:
-            raise ConfigError(
-                f"trainer.logger: '{name}' is not available in this version; use any of ['console', 'file']"
-            )
+            try:
+                if name == "tensorboard":
+                    trackers.append(TensorBoardTracker(log_dir))
+                elif name == "mlflow":
+                    trackers.append(MLflowTracker(log_dir, project, experiment, config))
+                elif name == "wandb":
+                    trackers.append(WandbTracker(log_dir, project, experiment, config))
+                else:
+                    trackers.append(SwanLabTracker(log_dir, project, experiment, config))
+            except ImportError as error:
+                raise ConfigError(
+                    f"trainer.logger: '{name}' needs the {_PACKAGES[name]} package ({error}); "
+                    f"install it with `pip install {_PACKAGES[name]}` or remove '{name}' from trainer.logger"
+                ) from None
     return trackers
