@@ -353,6 +353,8 @@ class TrainerConfig:
     val_before_train: bool = _option(True, "validate before the first step")
     val_only: bool = _option(False, "validate and stop without training")
     val_generations_to_log: int = _option(3, "validation samples shown in the logs")
+    rollouts_to_log: int = _option(2, "prompts (with all their responses and images) kept for the report's viewer")
+    rollout_log_freq: int = _option(10, "keep rollouts every this many steps (and at the first step)")
     save_freq: int = _option(-1, "save a checkpoint every this many steps (-1: only after the last step)")
     save_limit: int = _option(-1, "newest checkpoints kept on disk, plus the best by validation reward (-1: all)")
     save_model_only: bool = _option(False, "save the model weights only (smaller, but training cannot resume from it)")
@@ -780,6 +782,8 @@ _RANGES = {
     "trainer.max_try_make_batch": _MINUS_ONE_OR_AT_LEAST_ONE,
     "trainer.critic_warmup": _NON_NEGATIVE,
     "trainer.val_generations_to_log": _NON_NEGATIVE,
+    "trainer.rollouts_to_log": _NON_NEGATIVE,
+    "trainer.rollout_log_freq": _AT_LEAST_ONE,
     "trainer.save_limit": _MINUS_ONE_OR_AT_LEAST_ONE,
 }
 

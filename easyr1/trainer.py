@@ -41,6 +41,7 @@ from easyr1.distributed.balance import balanced_order
 from easyr1.distributed.worker import device_type, pick_backend
 from easyr1.errors import UserError
 from easyr1.logging import build_trackers
+from easyr1.logging.rollouts import write_rollouts
 from easyr1.models.loading import load_model_config, load_tokenizer_and_processor
 from easyr1.protocol import Batch
 from easyr1.workers.hybrid_worker import HybridWorker
@@ -413,6 +414,9 @@ class Trainer:
                     "update_actor", batch.select(*update_fields), rollout.temperature, mini_batch_size
                 )
         timings["step"] = time.perf_counter() - step_start
+        trainer = config.trainer
+        if trainer.rollouts_to_log > 0 and (step == 1 or step % max(trainer.rollout_log_freq, 1) == 0):
+            write_rollouts(self.log_dir, step, batch, scores, sub_scores, self.tokenizer, trainer.rollouts_to_log)
         return {**self._step_metrics(batch, scores, sub_scores, worker_metrics, timings), **metrics}
 
     # ------------------------------------------------------------------------------------------- rollouts

@@ -119,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"per-step metrics: {metrics_file}")
     if validations:
         print(f"validation reward (greedy, held-out images): {' -> '.join(f'{v:.3f}' for v in validations)}")
+    from easyr1.tools.report import write_report
+
+    report = write_report(config.trainer.log_dir)
+    print(f"report (plots and rollouts with their images, open in a browser): {report}")
     final_actor = Path(config.trainer.save_checkpoint_path) / f"global_step_{len(history)}" / "actor"
     print(f"final checkpoint: {final_actor} (export: python scripts/model_merger.py --local_dir {final_actor})")
     label = "demo-control" if args.shuffle_images else "demo"

@@ -1,0 +1,106 @@
+"""The run report: PNG curves and a static rollout page, rendered in headless Chromium to check that the page
+really shows the input images and the rewards."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from PIL import Image
+from test_cli import base_args, run_cli
+
+from easyr1.errors import UserError
+from easyr1.tools.report import main as report_main
+from easyr1.tools.report import write_report
+
+
+def fake_run(run_dir):
+    """A run directory as the trainer writes it: metrics, rollouts and their images."""
+    (run_dir / "rollouts" / "step_1").mkdir(parents=True)
+    image = Image.new("RGB", (56, 56), (255, 255, 255))
+    image.paste((220, 30, 30), (10, 10, 46, 46))
+    image.save(run_dir / "rollouts" / "step_1" / "p0_i0.png")
+    metrics = [{"step": s, "reward/overall": 0.1 * s, "actor/entropy": 5.0 - s, "timing/step": 1.0} for s in (1, 2)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    responses = [
+        {"text": "red", "score": 1.0, "sub_scores": {"format": 1.0, "accuracy": 1.0}},
+        {"text": "blue <b>", "score": 0.2, "sub_scores": {"format": 1.0, "accuracy": 0.0}},
+    ]
+    prompt = {"prompt": "What colour?", "ground_truth": "red", "images": ["rollouts/step_1/p0_i0.png"]}
+    (run_dir / "rollouts.jsonl").write_text(json.dumps({"step": 1, "prompts": [{**prompt, "responses": responses}]}))
+
+
+def test_report_writes_plots_and_a_page_with_images_and_rewards(tmp_path):
+    fake_run(tmp_path)
+    index = write_report(tmp_path)
+    plots = sorted(path.name for path in index.parent.glob("*.png"))
+    assert plots == ["entropy.png", "reward.png", "step_time.png"]  # only the curves that have data
+    for name in plots:
+        pixels = np.asarray(Image.open(index.parent / name).convert("L"), dtype=float)
+        assert pixels.std() > 10  # a drawn plot, not a blank canvas
+    page = index.read_text()
+    assert '<img src="../rollouts/step_1/p0_i0.png"' in page and '<img src="reward.png"' in page
+    assert "blue &lt;b&gt;" in page  # model output is escaped, never interpreted as HTML
+    assert "<td class=reward>1</td>" in page and "<td class=reward>0.2</td>" in page
+
+
+def test_report_of_a_directory_without_metrics_is_a_clear_error(tmp_path, capsys):
+    with pytest.raises(UserError, match="no metrics.jsonl"):
+        write_report(tmp_path)
+    assert report_main([str(tmp_path)]) == 2 and "report: error:" in capsys.readouterr().err
+
+
+def chromium() -> str:
+    """The chromium binary; installs Debian's package when missing (the test setup, as root with apt)."""
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None and shutil.which("apt-get") and os.geteuid() == 0:
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        install = ["apt-get", "install", "-y", "-q", "chromium"]
+        if subprocess.run(install, env=env, capture_output=True).returncode != 0:
+            subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=True)
+            subprocess.run(install, env=env, capture_output=True, check=True)
+        found = shutil.which("chromium")
+    assert found, "chromium is needed to render the report (apt-get install chromium)"
+    return found
+
+
+@pytest.mark.slow
+def test_report_of_a_finished_run_renders_in_headless_chromium(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        [
+            *base_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir),
+            "trainer.max_steps=2",
+            "trainer.rollouts_to_log=2",
+            f"trainer.save_checkpoint_path={run_dir}",
+        ]
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    index = write_report(run_dir)
+    assert {"reward.png", "entropy.png", "grad_norm.png"} <= {path.name for path in index.parent.glob("*.png")}
+    logged = [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+    assert [entry["step"] for entry in logged] == [1] and len(logged[0]["prompts"]) == 2
+    assert len(logged[0]["prompts"][0]["responses"]) == 8  # every sample of the group, with its reward
+
+    screenshot = tmp_path / "page.png"
+    command = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
+    rendered = subprocess.run(
+        [*command, f"--screenshot={screenshot}", "--window-size=1300,2600", index.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert rendered.returncode == 0 and screenshot.is_file(), rendered.stderr[-2000:]
+    pixels = np.asarray(Image.open(screenshot).convert("RGB"), dtype=int)
+    assert pixels.std() > 20  # not a blank page
+    # the shape images are the only saturated colours on the page: their pixels show the images loaded
+    red, green, blue = pixels[..., 0], pixels[..., 1], pixels[..., 2]
+    saturated = (np.maximum(np.maximum(red, green), blue) - np.minimum(np.minimum(red, green), blue)) > 150
+    assert saturated.sum() > 500
+    dom = subprocess.run([*command, "--dump-dom", index.as_uri()], capture_output=True, text=True, timeout=180)
+    assert '<td class="reward">' in dom.stdout or 'class="reward"' in dom.stdout
+    assert dom.stdout.count("rollouts/step_1/") == 2
