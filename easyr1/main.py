@@ -27,6 +27,8 @@ def init_ray(num_workers: int) -> None:
         "TRANSFORMERS_VERBOSITY": os.environ.get("TRANSFORMERS_VERBOSITY", "error"),
         "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "ignore"),
         "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0"),
+        # torch's C++ warnings (the CPU NUMA-binding notice, once per worker)
+        "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),
     }
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars})

@@ -41,6 +41,7 @@ from easyr1.distributed.balance import balanced_order
 from easyr1.distributed.worker import device_type, pick_backend
 from easyr1.errors import UserError
 from easyr1.logging import build_trackers
+from easyr1.logging.perf import memory_metrics
 from easyr1.logging.rollouts import write_rollouts
 from easyr1.models.loading import load_model_config, load_tokenizer_and_processor
 from easyr1.protocol import Batch
@@ -241,7 +242,7 @@ class Trainer:
         size = self.config.data.val_batch_size
         size = len(self.val_dataset) if size == -1 else size
         scores, sub_scores, lengths, shown = [], defaultdict(list), [], []
-        for start in range(0, len(self.val_dataset), size):
+        for start in tqdm(range(0, len(self.val_dataset), size), desc="validate", leave=False, disable=None):
             rows = range(start, min(start + size, len(self.val_dataset)))
             prompts = collate_fn([self.val_dataset[i] for i in rows])
             batch = self._generate(prompts, self.global_step, VALIDATION_ROUND + start, sampling, n=n)
@@ -546,7 +547,11 @@ class Trainer:
             "response_length/max": lengths.max().item(),
             "response_length/clip_ratio": (lengths >= max_response).float().mean().item(),
             "prompt_length/mean": prompt_lengths.mean().item(),
+            "prompt_length/max": prompt_lengths.max().item(),
+            "prompt_length/clip_ratio": (prompt_lengths >= self.config.data.max_prompt_length).float().mean().item(),
             "advantages/mean": masked_mean(batch["advantages"], mask).item(),
+            "advantages/max": batch["advantages"][mask].max().item(),
+            "advantages/min": batch["advantages"][mask].min().item(),
             # |log p_vLLM - log p_actor| on the same sampled tokens: 0 up to numerics when the weights are in sync.
             "rollout/log_prob_gap": masked_mean(
                 (batch["rollout_log_probs"] - batch["old_log_probs"]).abs(), mask
@@ -556,10 +561,13 @@ class Trainer:
         for key, values in sub_scores.items():
             if key != "overall":
                 metrics[f"reward/{key}"] = float(np.mean(values))
+                metrics[f"reward/{key}_max"] = float(np.max(values))
+                metrics[f"reward/{key}_min"] = float(np.min(values))
         for key in sorted({key for worker in worker_metrics for key in worker}):
             metrics[key] = float(np.mean([worker[key] for worker in worker_metrics if key in worker]))
         metrics.update({f"timing/{name}": seconds for name, seconds in timings.items()})
         metrics["timing/sync"] = batch.meta.get("sync_seconds", 0.0)
         total_tokens = (prompt_lengths.sum() + lengths.sum()).item()
         metrics["throughput/tokens_per_second"] = total_tokens / max(timings["step"], 1e-9)
+        metrics["perf/driver_max_host_memory_gb"] = memory_metrics()["perf/max_host_memory_gb"]
         return metrics

@@ -4,6 +4,7 @@ A worker learns its rank, the world size and the rendezvous address from the :cl
 and joins the process group (gloo on CPU, nccl on GPU). Subclasses add the actual work.
 """
 
+import logging
 import os
 import socket
 from datetime import timedelta
@@ -43,6 +44,8 @@ class Worker:
         self, rank: int, world_size: int, master_addr: str, master_port: int, num_threads: int, backend: str | None
     ) -> None:
         """Set the rank environment, the thread count, and join the process group."""
+        # "Triton not available", once per worker on CPU: nothing here uses Triton
+        logging.getLogger("torch._library.triton").setLevel(logging.ERROR)
         self.rank, self.world_size = rank, world_size
         os.environ.update(
             RANK=str(rank),

@@ -19,6 +19,7 @@ import transformers
 from easyr1.checkpoint.sharded import load_component, save_component, save_hf_metadata
 from easyr1.distributed.fsdp import data_parallel_mesh, gathered_parameters, shard_model
 from easyr1.distributed.worker import Worker, device_type
+from easyr1.logging.perf import memory_metrics, model_flops_utilization, peak_flops
 from easyr1.models.loading import load_model, load_tokenizer_and_processor, resolve_dtype
 from easyr1.models.lora import adapter_config_of, apply_lora, lora_scaling, merged_weights
 from easyr1.protocol import Batch
@@ -244,8 +245,17 @@ class HybridWorker(Worker):
 
     def update_actor(self, batch: Batch, temperature: float, mini_batch_size: int) -> dict[str, float]:
         """One policy update on this rank's share; the engine's weights are stale afterwards."""
+        start = time.perf_counter()
         metrics = self.actor.update_policy(batch, temperature, mini_batch_size)
+        seconds = time.perf_counter() - start
         self.weights_stale = True
+        metrics.update(memory_metrics())
+        peak = peak_flops(torch.cuda.get_device_name()) if self.device == "cuda" else None
+        if peak is not None:  # model FLOPs utilisation where the device's peak is known
+            tokens = int(batch["attention_mask"].sum()) * self.config.worker.actor.ppo_epochs
+            parameters = sum(p.numel() for p in self.actor.model.parameters())  # DTensors count their full shape
+            # this rank's tokens through the whole model, on this rank's device
+            metrics["perf/mfu"] = model_flops_utilization(parameters, tokens, 3, seconds, peak)
         return metrics
 
     # ------------------------------------------------------------------------------------------- checkpoints
