@@ -42,6 +42,12 @@ def test_grpo_reward_rises_and_metrics_are_logged(tiny_qwen2_5_vl_dir, tiny_data
         "timing/old",
         "timing/update",
         "throughput/tokens_per_second",
+        "reward/accuracy_max",
+        "prompt_length/max",
+        "advantages/min",
+        "actor/pg_clipfrac_lower",
+        "perf/max_host_memory_gb",
+        "perf/driver_max_host_memory_gb",
     }
     assert expected <= set(records[0])
     # vLLM sampled with the same weights the actor scored with, at every step
