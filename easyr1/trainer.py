@@ -9,6 +9,7 @@ advantages on the driver, update the policy on the workers, and log the metrics.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import time
 from collections import defaultdict
@@ -451,7 +452,10 @@ class Trainer:
         generate from further prompts until ``rollout_batch_size`` groups are kept."""
         algorithm, target = self.config.algorithm, self.config.data.rollout_batch_size * self.config.worker.rollout.n
         kept_batches, kept_sub_scores, generated = [], [], 0
-        for attempt in range(self.config.trainer.max_try_make_batch):
+        limit = self.config.trainer.max_try_make_batch
+        attempts = itertools.count() if limit == -1 else range(limit)  # -1: no limit
+        rounds = tqdm(attempts, desc="rollout rounds", leave=False, disable=None)
+        for attempt in rounds:
             if attempt:
                 batch = self._generate(self.prompts.next(), step, attempt)
                 reward = self.reward_actor.score.remote(self._reward_inputs(batch))
@@ -462,6 +466,7 @@ class Trainer:
             )
             kept_batches.append(batch.index(keep))
             kept_sub_scores.append({key: [values[i] for i in keep.tolist()] for key, values in sub_scores.items()})
+            rounds.set_postfix(kept=f"{sum(len(kept) for kept in kept_batches)}/{target}")
             if sum(len(kept) for kept in kept_batches) >= target:
                 break
         else:
