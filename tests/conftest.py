@@ -4,6 +4,7 @@
   ``qwen3_vl`` model (seed 0), built on first request and reused afterwards.
 - ``tiny_qwen2_5_vl_dir``: the Qwen2.5-VL one.
 - ``tiny_dataset_dir``: the shape dataset with 64 training and 16 validation rows of 56x56 images.
+- ``process_group``: a one-rank gloo process group for the duration of a test.
 """
 
 from __future__ import annotations
@@ -47,3 +48,18 @@ def tiny_dataset_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from easyr1.tools.tiny_dataset import build_shape_dataset
 
     return build_shape_dataset(tmp_path_factory.mktemp("shapes"), num_train=64, num_val=16, seed=0)
+
+
+@pytest.fixture
+def process_group():
+    """A one-rank gloo process group for tests of sharded models in this process (destroyed afterwards)."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

@@ -2,26 +2,13 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
-import torch.distributed as dist
 
 from easyr1.checkpoint.sharded import OPTIMIZER_DIR, load_component, save_component
 from easyr1.distributed.fsdp import data_parallel_mesh, full_tensor, shard_model
 from easyr1.errors import UserError
 from easyr1.models.loading import load_model
-
-
-@pytest.fixture
-def process_group():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def training_state(model_dir):

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
-import torch.distributed as dist
 from helpers import REPO, training_batch
 from PIL import Image
 from transformers import AutoModelForImageTextToText
@@ -23,16 +21,6 @@ from easyr1.errors import UserError
 from easyr1.models.loading import load_model, load_tokenizer_and_processor
 from easyr1.models.lora import apply_lora
 from easyr1.workers.actor import forward_inputs
-
-
-@pytest.fixture
-def process_group():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 class Lora:
