@@ -114,7 +114,8 @@ class FileTracker:
                     file.flush()
                     os.fsync(file.fileno())
                 os.replace(staging, self.path)
-            print(f"easyr1: an earlier run's metrics were copied to {earlier}", flush=True)
+            kept = "moved" if resume_step is None else "copied"
+            print(f"easyr1: an earlier run's metrics were {kept} to {earlier}", flush=True)
         self._file = self.path.open("a", encoding="utf-8")
 
     def _aside_name(self) -> Path:
