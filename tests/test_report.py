@@ -11,7 +11,6 @@ import subprocess
 import numpy as np
 import pytest
 from PIL import Image
-from test_cli import base_args, run_cli
 
 from easyr1.errors import UserError
 from easyr1.tools.report import main as report_main
@@ -69,17 +68,8 @@ def chromium() -> str:
 
 
 @pytest.mark.slow
-def test_report_of_a_finished_run_renders_in_headless_chromium(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
-    run_dir = tmp_path / "run"
-    result = run_cli(
-        [
-            *base_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir),
-            "trainer.max_steps=2",
-            "trainer.rollouts_to_log=2",
-            f"trainer.save_checkpoint_path={run_dir}",
-        ]
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
+def test_report_of_a_finished_run_renders_in_headless_chromium(validated_run, tmp_path):
+    run_dir, _ = validated_run
     index = write_report(run_dir)
     assert {"reward.png", "entropy.png", "grad_norm.png"} <= {path.name for path in index.parent.glob("*.png")}
     logged = [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]

@@ -16,22 +16,8 @@ def records_of(run_dir) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_validation_before_and_during_training(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
-    run_dir = tmp_path / "run"
-    result = run_cli(
-        [
-            *base_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir),
-            f"data.val_files={tiny_dataset_dir / 'val.jsonl'}",
-            "data.val_batch_size=6",  # 16 rows in rounds of 6, 6, 4: not a multiple of the 2 workers' share
-            "trainer.max_steps=3",
-            "trainer.val_before_train=true",
-            "trainer.val_freq=2",
-            "trainer.val_generations_to_log=2",
-            "worker.rollout.val_override_config={temperature: 0.6, top_p: 0.95, n: 2}",
-            f"trainer.save_checkpoint_path={run_dir}",
-        ]
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
+def test_validation_before_and_during_training(validated_run):
+    run_dir, result = validated_run
     records = records_of(run_dir)
     assert [record["step"] for record in records] == [0, 1, 2, 3]
     validated = [record["step"] for record in records if "val/reward_score" in record]
