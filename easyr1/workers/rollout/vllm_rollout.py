@@ -97,6 +97,7 @@ class VLLMRollout:
             enable_sleep_mode=on_gpu,  # the CPU platform refuses sleep mode
             trust_remote_code=trust_remote_code,
             disable_log_stats=disable_log_stats,
+            use_tqdm_on_load=False,  # one loading bar per worker is noise
             logprobs_mode="processed_logprobs",  # after temperature, like the actor's logits / temperature
             **extra,
         )
