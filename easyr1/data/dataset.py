@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
+from easyr1.data.checks import RowError, check_answer, check_columns, check_prompt, vision_values
+from easyr1.data.lengths import PromptLength, expanded_length
 from easyr1.data.prompt import build_messages, load_chat_template, load_format_prompt, render_prompt
 from easyr1.data.vision import (
     VisionBounds,
@@ -23,10 +24,10 @@ from easyr1.data.vision import (
     image_size,
     load_image,
     load_video,
+    processed_size,
     resize_image,
-    target_size,
+    video_shape,
     vision_bounds,
-    vision_token_count,
 )
 from easyr1.errors import DataError
 from easyr1.models.rope import MRopeSettings, is_mrope_config, prompt_position_ids
@@ -74,6 +75,10 @@ class _HubRow(Mapping):
 
     def __len__(self) -> int:
         return len(self._dataset.column_names)
+
+    def decoded(self) -> dict[str, Any]:
+        """All columns of the row, decoded in one read."""
+        return dict(self._dataset[self._index])
 
 
 def _read_jsonl(path: Path) -> list[Row]:
@@ -166,15 +171,9 @@ def load_rows(spec: str | Path) -> list[Row]:
     raise DataError(f"data file {path} does not exist (for a hub dataset write name@split, e.g. org/data@train)")
 
 
-def _as_list(value: Any) -> list[Any]:
-    """A row's images / videos as a list (None means none; a single value means one)."""
-    if value is None:
-        return []
-    if isinstance(value, np.ndarray) and value.dtype == object:
-        return list(value)
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    return [value]
+def _values(row: Row) -> Mapping[str, Any]:
+    """The row's columns; a hub row is decoded once here rather than once per column read."""
+    return row.data.decoded() if isinstance(row.data, _HubRow) else row.data
 
 
 class RLDataset(torch.utils.data.Dataset):
@@ -194,6 +193,18 @@ class RLDataset(torch.utils.data.Dataset):
     - ``multi_modal_inputs``: the processor's tensors (``pixel_values``, ``image_grid_thw``, video ones);
       ``{}`` for text rows.
     - ``ground_truth``: the answer as a string.
+
+    Every row is checked while the dataset is built, before any model loads: columns and their types, empty
+    prompts, marker counts, each image and video frame (size from the file header, and the file read through so
+    that a truncated one fails: PNG checksums, JPEG decoded at 1/8 scale; video files are decoded), and the
+    expanded prompt length computed from those sizes (:mod:`easyr1.data.lengths`). The first bad row raises
+    :class:`~easyr1.data.checks.RowError` naming ``file line N``; with ``skip_bad_rows`` bad rows are dropped
+    instead, one line reports them, and after construction
+
+    - ``skipped``: ``{reason: count}`` of the dropped rows (reasons as in ``RowError.reason``, e.g.
+      ``"unreadable image"``, ``"missing column"``);
+    - ``bad_rows``: ``[(Row, RowError), ...]``, each dropped row with its full message;
+    - ``prompt_lengths``: the expanded prompt length of each item, in item order.
     """
 
     def __init__(
@@ -239,16 +250,20 @@ class RLDataset(torch.utils.data.Dataset):
                 "use a chat/instruct model or add a chat_template to its tokenizer_config.json"
             )
         self.bounds: VisionBounds | None = None
+        self.processor_bounds: VisionBounds | None = None  # the processor's own, used when it resizes again
         self.mrope: MRopeSettings | None = None
         if processor is not None and getattr(processor, "image_processor", None) is not None:
             self.bounds = vision_bounds(processor, min_pixels, max_pixels)
+            self.processor_bounds = vision_bounds(processor)
             self.mrope = self._mrope_settings(model_config, tokenizer)
 
         self.rows = load_rows(self.data_files)
         if not self.rows:
             raise DataError(f"{self.data_files}: the dataset has no rows")
-        # (row, reason) of every row dropped by skip_bad_rows
-        self.skipped: list[tuple[Row, str]] = []
+        # rows dropped by skip_bad_rows: how many per reason, and each row with its error
+        self.skipped: dict[str, int] = {}
+        self.bad_rows: list[tuple[Row, RowError]] = []
+        self.prompt_lengths: list[int] = []  # expanded prompt length of each item, computed without pixels
         self.indices = self._usable_rows(filter_overlong_prompts, skip_bad_rows)
 
     @classmethod
@@ -293,35 +308,6 @@ class RLDataset(torch.utils.data.Dataset):
 
     # ------------------------------------------------------------------ checks done once, up front
 
-    def _check_row(self, row: Row) -> None:
-        """Cheap checks of one row's keys and value types."""
-        keys = list(row.data.keys())
-        for key, role in ((self.prompt_key, "prompt_key"), (self.answer_key, "answer_key")):
-            if key not in keys:
-                raise DataError(f"{row.where}: missing key {key!r} (data.{role}); the row has keys {sorted(keys)}")
-        if isinstance(row.data, _HubRow):
-            return  # reading hub values decodes images; their types are checked when the row is used
-        prompt = row.data[self.prompt_key]
-        if not isinstance(prompt, str):
-            raise DataError(f"{row.where}: {self.prompt_key!r} must be a string, got {prompt!r}")
-        if not prompt.strip():
-            raise DataError(f"{row.where}: {self.prompt_key!r} is empty; give the row a prompt or remove it")
-        self._answer(row)
-        has_vision = _as_list(row.data.get(self.image_key)) or _as_list(row.data.get(self.video_key))
-        if has_vision and self.bounds is None:
-            raise DataError(
-                f"{row.where}: the row has images or videos but the model has no image processor "
-                "(a text-only model); use a vision-language model or drop the images"
-            )
-
-    def _answer(self, row: Row) -> str:
-        answer = row.data[self.answer_key]
-        if isinstance(answer, str):
-            return answer
-        if isinstance(answer, (int, float)) and not isinstance(answer, bool):
-            return str(answer)
-        raise DataError(f"{row.where}: {self.answer_key!r} must be a string or a number, got {answer!r}")
-
     def _usable_rows(self, filter_overlong: bool, skip_bad_rows: bool) -> list[int]:
         """Check every row and measure its prompt (vision tokens included) before any model loads.
 
@@ -331,28 +317,27 @@ class RLDataset(torch.utils.data.Dataset):
         kept, overlong = [], []
         for index, row in enumerate(self.rows):
             try:
-                self._check_row(row)
-                length, vision_tokens = self._prompt_length(row)
-            except DataError as error:
+                length = self._measure(row)
+            except RowError as error:
                 if not skip_bad_rows:
                     raise
-                self.skipped.append((row, str(error)))
+                self.bad_rows.append((row, error))
+                self.skipped[error.reason] = self.skipped.get(error.reason, 0) + 1
                 continue
-            if length <= self.max_prompt_length:
+            if length.total <= self.max_prompt_length:
                 kept.append(index)
+                self.prompt_lengths.append(length.total)
             elif filter_overlong:
                 overlong.append(index)
             else:
                 raise DataError(
-                    f"{row.where}: the prompt is {length} tokens ({vision_tokens} of them for its images/videos), "
-                    f"longer than data.max_prompt_length={self.max_prompt_length}; raise data.max_prompt_length or "
-                    "lower data.max_pixels (or set data.filter_overlong_prompts=true to drop such rows)"
+                    f"{row.where}: the prompt is {length.total} tokens ({length.vision} of them for its "
+                    f"images/videos), longer than data.max_prompt_length={self.max_prompt_length}; raise "
+                    "data.max_prompt_length or lower data.max_pixels (or set data.filter_overlong_prompts=true to "
+                    "drop such rows)"
                 )
-        if self.skipped:
-            shown = "; ".join(reason for _, reason in self.skipped[:_FILTER_REPORT_ROWS])
-            more = "; ..." if len(self.skipped) > _FILTER_REPORT_ROWS else ""
-            count = f"{len(self.skipped)} of {len(self.rows)}"
-            print(f"[data] skipped {count} bad rows in {self.data_files}: {shown}{more}")
+        if self.bad_rows:
+            print(self._skip_report())
         if overlong:
             shown = ", ".join(self.rows[i].where for i in overlong[:_FILTER_REPORT_ROWS])
             more = ", ..." if len(overlong) > _FILTER_REPORT_ROWS else ""
@@ -361,48 +346,69 @@ class RLDataset(torch.utils.data.Dataset):
                 f"max_prompt_length={self.max_prompt_length} tokens in {self.data_files} ({shown}{more})"
             )
         if not kept:
+            first = f"; the first bad row: {self.bad_rows[0][1]}" if self.bad_rows else ""
             raise DataError(
-                f"{self.data_files}: no usable rows ({len(self.skipped)} bad, {len(overlong)} longer than "
+                f"{self.data_files}: no usable rows ({len(self.bad_rows)} bad, {len(overlong)} longer than "
                 f"max_prompt_length={self.max_prompt_length} tokens); fix the data, raise data.max_prompt_length or "
-                "lower data.max_pixels"
+                f"lower data.max_pixels{first}"
             )
         return kept
 
-    def _prompt_length(self, row: Row) -> tuple[int, int]:
-        """(tokens, vision tokens) of the expanded prompt, from image headers when possible (no pixel decoding)."""
-        chat, images, videos = self._chat_prompt(row)
-        if videos:
-            ids = self._encode(row, chat, images, videos)[0]
-            vision_ids = [getattr(self.mrope, "image_token_id", None), getattr(self.mrope, "video_token_id", None)]
-            return int(ids.shape[0]), int(sum((ids == token).sum() for token in vision_ids if token is not None))
-        length = len(self.tokenizer.encode(chat, add_special_tokens=False))
+    def _skip_report(self) -> str:
+        """One line: how many rows were skipped, the first few with their reason and place, counts per reason."""
+        single_file = Path(self.data_files).expanduser().is_file()
+
+        def place(row: Row) -> str:
+            # within one file "line 7" is enough; in a folder of files the file name matters too
+            return f"{'line' if row.line_based else 'row'} {row.index}" if single_file else row.where
+
+        shown = ", ".join(f"{error.reason} ({place(row)})" for row, error in self.bad_rows[:_FILTER_REPORT_ROWS])
+        more = ", ..." if len(self.bad_rows) > _FILTER_REPORT_ROWS else ""
+        counts = ", ".join(f"{reason} {count}" for reason, count in self.skipped.items())
+        return (
+            f"[data] skipped {len(self.bad_rows)} of {len(self.rows)} rows in {self.data_files}: {shown}{more} "
+            f"(by reason: {counts})"
+        )
+
+    def _measure(self, row: Row) -> PromptLength:
+        """Check one row (columns, types, markers, every image / frame file) and compute its expanded length."""
+        data = _values(row)
+        where = row.where
+        check_columns(data, where, {"prompt_key": self.prompt_key, "answer_key": self.answer_key})
+        prompt = check_prompt(data, self.prompt_key, where)
+        check_answer(data, self.answer_key, where)
+        images = vision_values(data, self.image_key, "image", where)
+        videos = vision_values(data, self.video_key, "video", where)
+        chat = self._chat_text(prompt, len(images), len(videos), where)
         base_dir = self._base_dir(row)
-        vision_tokens = 0
-        for value in images:
-            size = image_size(value, base_dir, row.where, verify=True)
-            vision_tokens += vision_token_count(*target_size(*size, self.bounds), self.bounds)
-        return length + vision_tokens - len(images), vision_tokens
+        image_sizes = [
+            processed_size(*image_size(value, base_dir, where, verify=True), self.bounds, self.processor_bounds)
+            for value in images
+        ]
+        video_shapes = [video_shape(value, base_dir, where, self.video_fps, self.bounds) for value in videos]
+        return expanded_length(
+            self.tokenizer, self.processor, chat, image_sizes, video_shapes, self.bounds, self.video_fps, where
+        )
 
     # ------------------------------------------------------------------ building one item
 
     def _base_dir(self, row: Row) -> Path | None:
         return self.image_dir if self.image_dir is not None else row.base_dir
 
-    def _chat_prompt(self, row: Row) -> tuple[str, list[Any], list[Any]]:
-        """The chat-formatted prompt text (one placeholder per image/video) and the row's image/video values."""
-        prompt = row.data[self.prompt_key]
-        if not isinstance(prompt, str):
-            raise DataError(f"{row.where}: {self.prompt_key!r} must be a string, got {type(prompt).__name__}")
-        images = _as_list(row.data.get(self.image_key)) if self.image_key in row.data else []
-        videos = _as_list(row.data.get(self.video_key)) if self.video_key in row.data else []
-        if (images or videos) and self.bounds is None:
-            raise DataError(f"{row.where}: the row has images or videos but the model has no image processor")
-        messages = build_messages(render_prompt(self.template, prompt), len(images), len(videos), row.where)
+    def _chat_text(self, prompt: str, num_images: int, num_videos: int, where: str) -> str:
+        """The chat-formatted prompt text with one placeholder per image and per video."""
+        if (num_images or num_videos) and self.bounds is None:
+            raise RowError(
+                where,
+                "vision input for a text model",
+                "the row has images or videos but the model has no image processor (a text-only model)",
+                "use a vision-language model or drop the images",
+            )
+        messages = build_messages(render_prompt(self.template, prompt), num_images, num_videos, where)
         owner = self.processor if self.processor is not None else self.tokenizer
-        chat = owner.apply_chat_template(
+        return owner.apply_chat_template(
             messages, chat_template=self.chat_template, add_generation_prompt=True, tokenize=False
         )
-        return chat, images, videos
 
     def _encode(
         self, row: Row, chat: str, image_values: list[Any], video_values: list[Any]
@@ -451,7 +457,11 @@ class RLDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         row = self.row(index)
-        chat, image_values, video_values = self._chat_prompt(row)
+        data = _values(row)
+        image_values = vision_values(data, self.image_key, "image", row.where)
+        video_values = vision_values(data, self.video_key, "video", row.where)
+        prompt = check_prompt(data, self.prompt_key, row.where)
+        chat = self._chat_text(prompt, len(image_values), len(video_values), row.where)
         raw_prompt_ids = self.tokenizer.encode(chat, add_special_tokens=False)
         multi_modal_data: dict[str, Any] = {}
         multi_modal_inputs: dict[str, torch.Tensor] = {}
@@ -489,7 +499,7 @@ class RLDataset(torch.utils.data.Dataset):
             "raw_prompt_ids": raw_prompt_ids,
             "multi_modal_data": multi_modal_data,
             "multi_modal_inputs": multi_modal_inputs,
-            "ground_truth": self._answer(row),
+            "ground_truth": check_answer(data, self.answer_key, row.where),
         }
 
     def _check_expansion(self, row: Row, input_ids: torch.Tensor, raw_prompt_ids: list[int]) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import jinja2
 
+from easyr1.data.checks import RowError
 from easyr1.errors import DataError
 
 
@@ -58,16 +59,18 @@ def build_messages(prompt: str, num_images: int, num_videos: int, where: str) ->
     """One user message whose content places ``num_images`` images and ``num_videos`` videos in ``prompt``.
 
     Text-only prompts give string content (works with any chat template); otherwise the content is a list of
-    ``{"type": "text" | "image" | "video"}`` parts. Raises DataError (naming ``where``) when the number of
+    ``{"type": "text" | "image" | "video"}`` parts. Raises RowError (naming ``where``) when the number of
     markers in the prompt is neither 0 nor the number of images / videos.
     """
     image_markers = prompt.count(IMAGE_MARKER)
     video_markers = prompt.count(VIDEO_MARKER)
     for kind, markers, count in (("image", image_markers, num_images), ("video", video_markers, num_videos)):
         if markers not in (0, count):
-            raise DataError(
-                f"{where}: the prompt has {markers} <{kind}> marker(s) but the row has {count} {kind}(s); "
-                f"use one marker per {kind} or none (then the {kind}s go before the text)"
+            raise RowError(
+                where,
+                f"{kind} marker count",
+                f"the prompt has {markers} <{kind}> marker(s) but the row has {count} {kind}(s)",
+                f"use one marker per {kind} or none (then the {kind}s go before the text)",
             )
     if num_images == 0 and num_videos == 0:
         return [{"role": "user", "content": prompt}]

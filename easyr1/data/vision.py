@@ -16,13 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
+from easyr1.data.checks import RowError
 from easyr1.errors import DataError
 
 
 _MAX_ASPECT_RATIO = 200  # the Qwen-VL processors refuse more extreme images
 _VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".gif")
+_FRAME_SUFFIXES = (".png", ".jpg", ".jpeg")
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,16 @@ def target_size(height: int, width: int, bounds: VisionBounds) -> tuple[int, int
     return size
 
 
+def processed_size(height: int, width: int, bounds: VisionBounds, processor_bounds: VisionBounds) -> tuple[int, int]:
+    """The (height, width) the image processor works at for an image of this size: the dataset resizes it to
+    :func:`target_size` within ``bounds``, then the processor applies its own rule once with its own bounds.
+
+    The second step is a no-op unless ``bounds`` are so narrow that no size is a fixed point (e.g. max_pixels
+    below twice min_pixels with an odd aspect ratio); the token count must follow it all the same.
+    """
+    return smart_resize(*target_size(height, width, bounds), processor_bounds)
+
+
 def resize_image(image: Image.Image, bounds: VisionBounds) -> Image.Image:
     """``image`` as RGB at its :func:`target_size` (bicubic, like the processors); unchanged if already there."""
     if image.mode != "RGB":
@@ -124,57 +136,156 @@ def _resolve(path: str, base_dir: Path | None) -> Path:
     return base_dir / candidate
 
 
-def _open_image(value: Any, base_dir: Path | None) -> Image.Image:
-    """Decode one image value; raises OSError / ValueError / TypeError with the reason."""
+# What PIL raises for files it cannot read: unknown format (UnidentifiedImageError is an OSError), truncated
+# data, bad headers (SyntaxError, ValueError) and decompression bombs.
+_UNREADABLE = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+_PATH_FIX = "fix the path (relative paths start at data.image_dir, or at the data file's folder when it is unset)"
+
+
+def _open_image(value: Any, base_dir: Path | None, where: str) -> Image.Image:
+    """Open one image value lazily (header only); RowError for a wrong type or a missing file."""
     if isinstance(value, Image.Image):
         return value
     if isinstance(value, (bytes, bytearray, memoryview)):
         return Image.open(io.BytesIO(bytes(value)))
     if isinstance(value, Mapping):
         if value.get("bytes") is not None:
-            return _open_image(value["bytes"], base_dir)
+            return _open_image(value["bytes"], base_dir, where)
         if value.get("path"):
-            return _open_image(str(value["path"]), base_dir)
-        raise ValueError(f"an image given as a dict needs a 'bytes' or 'path' entry, got keys {sorted(value)}")
+            return _open_image(str(value["path"]), base_dir, where)
+        raise RowError(
+            where,
+            "bad image value",
+            f"an image given as a dict needs a 'bytes' or 'path' entry, got keys {sorted(value)}",
+            "fix the image column",
+        )
     if isinstance(value, (str, Path)):
         path = _resolve(str(value), base_dir)
         if not path.is_file():
-            raise FileNotFoundError(f"image file {path} does not exist")
+            problem = "is a folder, not a file" if path.is_dir() else "does not exist"
+            raise RowError(where, "image not found", f"cannot read image {value!r}: {path} {problem}", _PATH_FIX)
         return Image.open(path)
-    raise TypeError(f"an image must be a path, bytes, a dict with bytes/path, or a PIL image, not {type(value)}")
+    raise RowError(
+        where,
+        "bad image value",
+        f"an image must be a path, bytes, a {{'bytes', 'path'}} dict or a PIL image, not {type(value).__name__}",
+        "fix the image column",
+    )
+
+
+def _unreadable(value: Any, where: str, error: BaseException) -> RowError:
+    if isinstance(error, UnidentifiedImageError):
+        # Pillow's own message only repeats the file name
+        error = "not an image file Pillow can read (empty, zero-size, or of an unknown format)"
+    return RowError(
+        where, "unreadable image", f"cannot read image {_describe(value)}: {error}", "replace it with a valid image"
+    )
 
 
 def load_image(value: Any, base_dir: Path | None, where: str) -> Image.Image:
     """Decode an image (path relative to ``base_dir``, bytes, {"bytes", "path"} dict or PIL) as an RGB image.
 
-    ``where`` names the row in error messages (DataError).
+    ``where`` names the row in error messages (:class:`~easyr1.data.checks.RowError`).
     """
     try:
-        image = _open_image(value, base_dir)
+        image = _open_image(value, base_dir, where)
         image.load()
         return image if image.mode == "RGB" else image.convert("RGB")
-    except DataError:
+    except RowError:
         raise
-    except (OSError, ValueError, TypeError, SyntaxError) as error:  # PIL reports broken files in several ways
-        raise DataError(f"{where}: cannot read image {_describe(value)}: {error}") from error
+    except _UNREADABLE as error:
+        raise _unreadable(value, where, error) from error
+
+
+def _check_integrity(image: Image.Image) -> None:
+    """Read all of an opened image file so that a truncated or corrupt one fails now, as cheaply as its format
+    allows: a PNG's chunk checksums without inflating them, a JPEG decoded at 1/8 scale (libjpeg skips most of
+    the inverse DCT), any other format decoded fully."""
+    if image.format == "PNG":
+        image.verify()
+    elif image.format == "JPEG":
+        image.draft(None, (max(1, image.width // 8), max(1, image.height // 8)))
+        image.load()
+    else:
+        image.load()
 
 
 def image_size(value: Any, base_dir: Path | None, where: str, verify: bool = False) -> tuple[int, int]:
-    """(height, width) of an image without decoding its pixels (reads the file header only).
+    """(height, width) of an image from its file header, without decoding its pixels.
 
-    ``verify`` also reads the rest of the file and checks its integrity (a truncated file fails here, not in the
-    middle of training), still without decoding pixels.
+    ``verify`` also reads the whole file (see :func:`_check_integrity`) so that a truncated file fails here, while
+    loading the data, and not in the middle of training. In-memory PIL images are taken as they are. Raises
+    RowError for a missing, unreadable, empty or zero-size image and for aspect ratios the processors refuse.
     """
     try:
-        image = _open_image(value, base_dir)
+        image = _open_image(value, base_dir, where)
         height, width = image.height, image.width
+        if height == 0 or width == 0:
+            raise RowError(
+                where,
+                "zero-size image",
+                f"image {_describe(value)} has zero size ({width}x{height} pixels)",
+                "replace it with a real image",
+            )
+        check_aspect_ratio(height, width, f"image {_describe(value)}", where)
         if verify and not isinstance(value, Image.Image):
-            image.verify()
-    except (OSError, ValueError, TypeError, SyntaxError) as error:
-        raise DataError(f"{where}: cannot read image {_describe(value)}: {error}") from error
-    if height == 0 or width == 0:
-        raise DataError(f"{where}: image {_describe(value)} has zero size ({width}x{height} pixels)")
+            _check_integrity(image)
+    except RowError:
+        raise
+    except _UNREADABLE as error:
+        raise _unreadable(value, where, error) from error
     return height, width
+
+
+def check_aspect_ratio(height: int, width: int, what: str, where: str) -> None:
+    """RowError when ``what`` (an image or video) is more elongated than the Qwen-VL processors accept."""
+    ratio = max(height, width) / min(height, width)
+    if ratio > _MAX_ASPECT_RATIO:
+        raise RowError(
+            where,
+            "extreme aspect ratio",
+            f"{what} is {width}x{height} pixels, an aspect ratio of {ratio:.0f} (the processors accept at most "
+            f"{_MAX_ASPECT_RATIO})",
+            "crop or pad it",
+        )
+
+
+def _video_source(value: Any, base_dir: Path | None, where: str) -> list[Any] | Path:
+    """A video's frame values (list or folder of images), or the path of a video file; RowError otherwise."""
+    if isinstance(value, np.ndarray) and value.dtype == object:
+        value = list(value)
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes, bytearray)):
+        frames: list[Any] = list(value)
+    elif isinstance(value, (str, Path)):
+        path = _resolve(str(value), base_dir)
+        if path.is_dir():
+            frames = sorted(p for p in path.iterdir() if p.suffix.lower() in _FRAME_SUFFIXES)
+        elif path.is_file() and path.suffix.lower() in _VIDEO_SUFFIXES:
+            return path
+        elif not path.exists():
+            raise RowError(where, "video not found", f"video {path} does not exist", _PATH_FIX)
+        else:
+            raise RowError(
+                where,
+                "bad video value",
+                f"video {path} is neither a video file ({', '.join(_VIDEO_SUFFIXES)}) nor a folder of frames",
+                "give a video file, a folder of frame images or a list of frame images",
+            )
+    else:
+        raise RowError(
+            where,
+            "bad video value",
+            f"a video must be a list of frames, a folder of frames or a video file, not {type(value).__name__}",
+            "fix the video column",
+        )
+    if not frames:
+        raise RowError(
+            where,
+            "video without frames",
+            f"video {_describe(value)} has no frames",
+            f"give it at least one frame ({', '.join(_FRAME_SUFFIXES)} files in a folder, or a list of images)",
+        )
+    return frames
 
 
 def load_video(value: Any, base_dir: Path | None, where: str, fps: float) -> list[Image.Image]:
@@ -183,33 +294,49 @@ def load_video(value: Any, base_dir: Path | None, where: str, fps: float) -> lis
     Video files are decoded at ``fps`` frames per second with PyAV (a dependency of qwen-vl-utils), or with
     qwen-vl-utils' own readers when PyAV is missing.
     """
-    if isinstance(value, Sequence) and not isinstance(value, (str, bytes, bytearray)):
-        frames = list(value)
-    elif isinstance(value, (str, Path)) and _resolve(str(value), base_dir).is_dir():
-        folder = _resolve(str(value), base_dir)
-        frames = sorted(path for path in folder.iterdir() if path.suffix.lower() in (".png", ".jpg", ".jpeg"))
-    elif isinstance(value, (str, Path)) and str(value).lower().endswith(_VIDEO_SUFFIXES):
-        return _decode_video_file(_resolve(str(value), base_dir), where, fps)
-    else:
-        raise DataError(
-            f"{where}: a video must be a list of frames, a folder of frames or a video file, got {value!r}"
+    source = _video_source(value, base_dir, where)
+    if isinstance(source, Path):
+        return _decode_video_file(source, where, fps)
+    return [load_image(frame, base_dir, where) for frame in source]
+
+
+def video_shape(
+    value: Any, base_dir: Path | None, where: str, fps: float, bounds: VisionBounds
+) -> tuple[int, int, int]:
+    """(frames, height, width) of a video as the dataset hands it to the processor: frames resized to
+    :func:`target_size`. Frame lists and folders are measured from image headers (each frame's file integrity
+    checked like an image's); video files are decoded, which is the only way to count their sampled frames.
+    RowError when the frames cannot be read or do not share one size.
+    """
+    source = _video_source(value, base_dir, where)
+    if isinstance(source, Path):
+        frames = _decode_video_file(source, where, fps)
+        check_aspect_ratio(frames[0].height, frames[0].width, f"video {_describe(value)}", where)
+        return (len(frames), *target_size(frames[0].height, frames[0].width, bounds))
+    sizes = [image_size(frame, base_dir, where, verify=True) for frame in source]
+    targets = {target_size(height, width, bounds) for height, width in sizes}
+    if len(targets) > 1:
+        shown = ", ".join(f"{width}x{height}" for height, width in sorted(set(sizes))[:4])
+        raise RowError(
+            where,
+            "video frames differ in size",
+            f"the frames of video {_describe(value)} have different sizes ({shown})",
+            "give all frames of a video the same size",
         )
-    if not frames:
-        raise DataError(f"{where}: video {_describe(value)} has no frames")
-    return [load_image(frame, base_dir, where) for frame in frames]
+    return (len(source), *targets.pop())
 
 
 def _decode_video_file(path: Path, where: str, fps: float) -> list[Image.Image]:
-    if not path.is_file():
-        raise DataError(f"{where}: video file {path} does not exist")
     try:
         frames = _decode_with_pyav(path, fps)
     except ImportError:
         frames = _decode_with_qwen_vl_utils(path, where, fps)
     except Exception as error:  # container and codec errors come in many library-specific types
-        raise DataError(f"{where}: cannot decode video {path}: {error}") from error
+        raise RowError(
+            where, "unreadable video", f"cannot decode video {path}: {error}", "replace it with a valid video"
+        ) from error
     if not frames:
-        raise DataError(f"{where}: video {path} has no frames")
+        raise RowError(where, "video without frames", f"video {path} has no frames", "replace or remove it")
     return frames
 
 
@@ -247,9 +374,11 @@ def _decode_with_qwen_vl_utils(path: Path, where: str, fps: float) -> list[Image
 
         frames = fetch_video({"video": str(path), "fps": fps})
     except Exception as error:  # decoders fail in many library-specific ways; report them all the same way
-        raise DataError(
-            f"{where}: cannot decode video {path}: {error}; install PyAV (pip install av) or give the video as "
-            "a folder or list of frame images"
+        raise RowError(
+            where,
+            "unreadable video",
+            f"cannot decode video {path}: {error}",
+            "install PyAV (pip install av) or give the video as a folder or list of frame images",
         ) from error
     # qwen-vl-utils returns a (T, C, H, W) tensor of 0-255 values
     array = np.asarray(frames.permute(0, 2, 3, 1).float().clamp(0, 255).round().byte())
@@ -266,4 +395,6 @@ def _describe(value: Any) -> str:
         return repr(str(value))
     if isinstance(value, Mapping) and value.get("path"):
         return repr(str(value["path"]))
+    if isinstance(value, (list, tuple)):
+        return f"(a list of {len(value)})"
     return f"({type(value).__name__})"
