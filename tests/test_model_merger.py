@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from helpers import REPO, training_batch
 from PIL import Image
-from transformers import AutoModelForImageTextToText
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
 from easyr1.checkpoint.merge import load_model_state_dict, merge_to_huggingface
 from easyr1.checkpoint.sharded import save_component, save_hf_metadata
@@ -49,9 +54,27 @@ def trained_checkpoint(model_dir, data_dir, directory, lora: bool = False):
         optimizer.step()
         optimizer.zero_grad()
     save_component(directory, model, optimizer, None)
-    tokenizer, processor = load_tokenizer_and_processor(str(model_dir))
-    save_hf_metadata(directory, model, tokenizer, processor)
+    if not dist.is_initialized() or dist.get_rank() == 0:  # one writer, as in the workers
+        tokenizer, processor = load_tokenizer_and_processor(str(model_dir))
+        save_hf_metadata(directory, model, tokenizer, processor)
     return model
+
+
+def two_rank_worker(rank: int, port: int, model_dir: str, data_dir: str, directory: str) -> None:
+    """One of two gloo ranks training the same rows as the one-rank run and saving its shard."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        trained_checkpoint(Path(model_dir), Path(data_dir), Path(directory))
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def test_exported_model_computes_the_actors_logits(process_group, tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
@@ -94,6 +117,64 @@ def test_lora_export_is_base_plus_adapter(process_group, tiny_qwen2_5_vl_dir, ti
     assert (expected - base).abs().max() > 1e-3  # the adapters changed the model, and the export has them
 
 
+@pytest.mark.slow  # two spawned processes import torch and transformers: ~25 s on 2 cores
+def test_two_ranks_export_the_same_model_as_one(process_group, tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
+    one_rank, two_ranks = tmp_path / "one" / "actor", tmp_path / "two" / "actor"
+    trained_checkpoint(tiny_qwen2_5_vl_dir, tiny_dataset_dir, one_rank)
+    args = (free_port(), str(tiny_qwen2_5_vl_dir), str(tiny_dataset_dir), str(two_ranks))
+    mp.spawn(two_rank_worker, args=args, nprocs=2, join=True)
+    assert len(list((two_ranks / "model").glob("*.distcp"))) == 2  # each rank wrote its own shard
+    expected = load_file(merge_to_huggingface(one_rank) / "model.safetensors")
+    actual = load_file(merge_to_huggingface(two_ranks) / "model.safetensors")
+    assert actual.keys() == expected.keys()
+    for name, value in expected.items():
+        torch.testing.assert_close(actual[name], value, rtol=0, atol=1e-6, msg=name)
+    exported_one = AutoModelForImageTextToText.from_pretrained(one_rank / "huggingface", dtype=torch.float32)
+    exported_two = AutoModelForImageTextToText.from_pretrained(two_ranks / "huggingface", dtype=torch.float32)
+    inputs = fixed_input(tiny_qwen2_5_vl_dir)
+    with torch.no_grad():
+        torch.testing.assert_close(exported_two.eval()(**inputs).logits, exported_one.eval()(**inputs).logits)
+
+
+def test_text_model_exports_as_a_causal_lm_and_mismatched_config_is_an_error(process_group, tiny_model_dir, tmp_path):
+    model_dir = tiny_model_dir("qwen3")
+    actor_dir = tmp_path / "global_step_1" / "actor"
+    torch.manual_seed(0)
+    actor = load_model(str(model_dir), torch.float32)
+    shard_model(actor, data_parallel_mesh("cpu"))
+    optimizer = torch.optim.AdamW(actor.parameters(), lr=1e-2)
+    ids = torch.randint(0, 200, (2, 8), generator=torch.Generator().manual_seed(0))
+    actor(input_ids=ids).logits.pow(2).mean().backward()
+    optimizer.step()
+    save_component(actor_dir, actor, optimizer, None, model_only=True)
+    tokenizer, processor = load_tokenizer_and_processor(str(model_dir))
+    assert processor is None
+    save_hf_metadata(actor_dir, actor, tokenizer, processor)
+
+    target = merge_to_huggingface(actor_dir, tmp_path / "export")
+    assert (target / "tokenizer_config.json").is_file() and not (target / "processor_config.json").exists()
+    exported = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(
+            exported(input_ids=ids).logits, actor.eval()(input_ids=ids).logits, rtol=0, atol=1e-5
+        )
+
+    config_file = actor_dir / "huggingface" / "config.json"
+    config = json.loads(config_file.read_text())
+    # configs that do not belong to these weights: other shapes, then more layers
+    config_file.write_text(json.dumps({**config, "intermediate_size": config["intermediate_size"] + 8}))
+    with pytest.raises(UserError, match=r"do not fit .*shape \(checkpoint vs config\): \['model\.layers\.0\.mlp"):
+        merge_to_huggingface(actor_dir, tmp_path / "export")
+    deeper = {key: value for key, value in config.items() if key != "layer_types"}
+    config_file.write_text(json.dumps({**deeper, "num_hidden_layers": config["num_hidden_layers"] + 1}))
+    with pytest.raises(UserError, match=r"do not fit .*missing: \['model\.layers\."):
+        merge_to_huggingface(actor_dir, tmp_path / "export")
+    config_file.write_text("{not json")
+    with pytest.raises(UserError, match="config.json is not a valid model config"):
+        merge_to_huggingface(actor_dir, tmp_path / "export")
+    assert (target / "model.safetensors").is_file()  # the failed export left the earlier one alone
+
+
 @pytest.mark.slow
 def test_vllm_serves_the_export(process_group, tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
     actor_dir = tmp_path / "global_step_2" / "actor"
@@ -134,9 +215,24 @@ def test_clear_errors(tmp_path):
     (tmp_path / "global_step_4.partial" / "actor").mkdir(parents=True)
     with pytest.raises(UserError, match="partial checkpoint"):
         merge_to_huggingface(tmp_path / "global_step_4.partial" / "actor")
-    (tmp_path / "global_step_2" / "actor").mkdir(parents=True)
+    actor_dir = tmp_path / "global_step_2" / "actor"
+    actor_dir.mkdir(parents=True)
     with pytest.raises(UserError, match="not a complete easyr1 checkpoint component"):
-        merge_to_huggingface(tmp_path / "global_step_2" / "actor")
+        merge_to_huggingface(actor_dir)
+    (actor_dir / "model").mkdir()
+    (actor_dir / "model" / ".metadata").write_bytes(b"")
+    with pytest.raises(UserError, match="huggingface has no config.json"):
+        merge_to_huggingface(actor_dir)
+    # the export replaces its target folder, so a folder that is not an earlier export is refused
+    (actor_dir / "huggingface").mkdir()
+    (actor_dir / "huggingface" / "config.json").write_text("{}")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("keep me")
+    with pytest.raises(UserError, match="already holds files and is not a model export"):
+        merge_to_huggingface(actor_dir, tmp_path / "notes")
+    with pytest.raises(UserError, match="is a file"):
+        merge_to_huggingface(actor_dir, tmp_path / "notes" / "todo.txt")
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "keep me"
 
 
 def test_cli_reports_errors_and_success(process_group, tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):

@@ -21,6 +21,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from easyr1.checkpoint.manager import PARTIAL_SUFFIX, fsync_tree
 from easyr1.checkpoint.sharded import HF_DIR, MODEL_DIR
 from easyr1.errors import UserError
+from easyr1.models.loading import is_vision_language
 from easyr1.models.lora import lora_scaling, merged_weights
 
 
@@ -47,6 +48,35 @@ def check_component_dir(component_dir: Path) -> None:
         raise UserError(
             f"{component_dir / HF_DIR} has no config.json (the model's Hugging Face metadata); the checkpoint is "
             "incomplete or was not written by easyr1"
+        )
+
+
+def check_target_dir(target: Path) -> None:
+    """A clear error unless ``target`` is new, empty or an earlier model export (the only folders replaced)."""
+    if target.exists() and not target.is_dir():
+        raise UserError(f"target {target} is a file; pass a directory for the exported model")
+    if target.is_dir() and any(target.iterdir()) and not (target / "config.json").is_file():
+        raise UserError(
+            f"target {target} already holds files and is not a model export (no config.json); the export "
+            "replaces its target folder, so pass a new or empty directory"
+        )
+
+
+def check_weights_fit(
+    weights: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], component_dir: Path, config_file: Path
+) -> None:
+    """A clear error unless ``weights`` has exactly the names and shapes of the model built from ``config_file``."""
+    missing, unexpected = sorted(expected.keys() - weights.keys()), sorted(weights.keys() - expected.keys())
+    reshaped = [
+        f"{name} {tuple(weights[name].shape)} vs {tuple(value.shape)}"
+        for name, value in expected.items()
+        if name in weights and weights[name].shape != value.shape
+    ]
+    if missing or unexpected or reshaped:
+        raise UserError(
+            f"{component_dir}: the weights do not fit the model in {config_file} (missing: {missing[:5]}, "
+            f"unexpected: {unexpected[:5]}, shape (checkpoint vs config): {reshaped[:5]}); the checkpoint and "
+            "its config do not belong together"
         )
 
 
@@ -87,19 +117,17 @@ def merge_to_huggingface(component_dir: str | os.PathLike, target_dir: str | os.
     check_component_dir(component_dir)
     metadata_dir = component_dir / HF_DIR
     target = Path(target_dir).resolve() if target_dir else metadata_dir
+    check_target_dir(target)
     weights = plain_weights(component_dir)
 
-    config = AutoConfig.from_pretrained(metadata_dir)
-    model_class = AutoModelForImageTextToText if getattr(config, "vision_config", None) else AutoModelForCausalLM
-    with torch.device("meta"):
+    try:
+        config = AutoConfig.from_pretrained(metadata_dir)
+    except (OSError, ValueError) as error:
+        raise UserError(f"{metadata_dir / 'config.json'} is not a valid model config: {error}") from error
+    model_class = AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
+    with torch.device("meta"):  # shapes and names only; the checkpoint's tensors are assigned below
         model = model_class.from_config(config, dtype=next(iter(weights.values())).dtype)
-    expected = set(model.state_dict())
-    missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
-    if missing or unexpected:
-        raise UserError(
-            f"{component_dir}: the weights do not fit the model in {metadata_dir / 'config.json'} "
-            f"(missing: {missing[:5]}, unexpected: {unexpected[:5]}); the checkpoint and its config do not match"
-        )
+    check_weights_fit(weights, model.state_dict(), component_dir, metadata_dir / "config.json")
     model.load_state_dict(weights, strict=True, assign=True)
 
     staging = target.with_name(target.name + PARTIAL_SUFFIX)
