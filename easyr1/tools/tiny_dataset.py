@@ -3,7 +3,8 @@
 Every image shows one circle, square or triangle in red, green, blue or yellow on a white or light grey
 background; the answer is the colour word. ``python -m easyr1.tools.tiny_dataset OUT_DIR`` writes
 ``train.jsonl``, ``val.jsonl`` and ``images/*.png``; :func:`ensure_demo_assets` builds the demo model and data
-on first use.
+on first use. With ``--mixed`` it writes the mixed dataset instead (:func:`build_mixed_dataset`): text-only,
+one-image, three-image and video rows in turn, for tests of batches that mix them.
 """
 
 from __future__ import annotations
@@ -30,25 +31,51 @@ def _jitter(value: int, rng: random.Random) -> int:
     return max(0, min(255, value + rng.randint(-_COLOUR_JITTER, _COLOUR_JITTER)))
 
 
-def draw_shape(shape: str, colour: str, image_size: int, rng: random.Random) -> Image.Image:
-    """One RGB image of ``shape`` in ``colour``: side 0.5-0.9 of the image, placed fully inside at random."""
-    background = 255 if rng.random() < 0.5 else rng.randint(215, 235)
+def _paint(
+    shape: str, fill: tuple[int, ...], background: int, box: tuple[int, int, int], image_size: int
+) -> Image.Image:
+    """``shape`` filled with ``fill`` on a plain grey-level ``background``; ``box`` is (left, top, side)."""
+    left, top, side = box
     image = Image.new("RGB", (image_size, image_size), (background,) * 3)
-    side = rng.randint(round(0.5 * image_size), round(0.9 * image_size))
-    left = rng.randint(0, image_size - side)
-    top = rng.randint(0, image_size - side)
-    box = (left, top, left + side - 1, top + side - 1)
-    fill = tuple(_jitter(channel, rng) for channel in _RGB[colour])
+    corners = (left, top, left + side - 1, top + side - 1)
     draw = ImageDraw.Draw(image)
     if shape == "circle":
-        draw.ellipse(box, fill=fill)
+        draw.ellipse(corners, fill=fill)
     elif shape == "square":
-        draw.rectangle(box, fill=fill)
+        draw.rectangle(corners, fill=fill)
     elif shape == "triangle":
-        draw.polygon([(left + (side - 1) / 2, top), (box[2], box[3]), (left, box[3])], fill=fill)
+        draw.polygon([(left + (side - 1) / 2, top), (corners[2], corners[3]), (left, corners[3])], fill=fill)
     else:
         raise ValueError(f"unknown shape {shape!r}; choose one of {SHAPES}")
     return image
+
+
+def draw_shape(shape: str, colour: str, image_size: int, rng: random.Random) -> Image.Image:
+    """One RGB image of ``shape`` in ``colour``: side 0.5-0.9 of the image, placed fully inside at random."""
+    background = 255 if rng.random() < 0.5 else rng.randint(215, 235)
+    side = rng.randint(round(0.5 * image_size), round(0.9 * image_size))
+    left = rng.randint(0, image_size - side)
+    top = rng.randint(0, image_size - side)
+    fill = tuple(_jitter(channel, rng) for channel in _RGB[colour])
+    return _paint(shape, fill, background, (left, top, side), image_size)
+
+
+def moving_shape_frames(
+    shape: str, colour: str, image_size: int, rng: random.Random, num_frames: int = 4
+) -> list[Image.Image]:
+    """Video frames of one ``shape`` in ``colour`` sliding right by the same number of pixels each frame.
+
+    The side is 0.4-0.6 of the image so that the shape has room to move and stays fully inside every frame.
+    """
+    if num_frames < 1:
+        raise ValueError(f"num_frames must be at least 1, got {num_frames}")
+    background = 255 if rng.random() < 0.5 else rng.randint(215, 235)
+    side = rng.randint(round(0.4 * image_size), round(0.6 * image_size))
+    step = max(1, (image_size - side) // (2 * max(num_frames - 1, 1)))  # the path spans about half the free room
+    left = rng.randint(0, image_size - side - (num_frames - 1) * step)
+    top = rng.randint(0, image_size - side)
+    fill = tuple(_jitter(channel, rng) for channel in _RGB[colour])
+    return [_paint(shape, fill, background, (left + k * step, top, side), image_size) for k in range(num_frames)]
 
 
 def _write_split(out_dir: Path, split: str, count: int, seed: int, image_size: int) -> None:
@@ -85,21 +112,30 @@ _TEXT_QUESTIONS = (("grass", "green"), ("the sky", "blue"), ("a banana", "yellow
 MIXED_KINDS = ("text", "image", "three_images", "video")
 
 
-def build_mixed_dataset(out_dir: str | Path, num_rows: int = 64, seed: int = 0, image_size: int = 56) -> Path:
-    """``train.jsonl`` whose rows cycle through the four kinds a batch can mix: a text-only question, one shape
-    image, three shape images (the answer is the first shape's colour), and a 4-frame video of a moving shape
-    given as a list of frame files. Every answer is a colour word. Returns ``out_dir``."""
+def build_mixed_dataset(
+    out_dir: str | Path, num_rows: int = 64, seed: int = 0, image_size: int = 56, num_frames: int = 4
+) -> Path:
+    """Write ``train.jsonl`` and ``images/`` whose rows cycle through the four kinds a batch can mix.
+
+    In order: a text-only question ("What colour is grass?"), one shape image (the shape task), three shape
+    images (the answer is the first shape's colour), and a video of one shape moving across ``num_frames``
+    frames, given as a list of frame files. Every answer is a colour word; the same seed gives the same bytes.
+    Returns ``out_dir``.
+    """
+    if num_rows < 0:
+        raise ValueError(f"num_rows must be >= 0, got {num_rows}")
+    if image_size < 8:
+        raise ValueError(f"image_size must be at least 8 pixels, got {image_size}")
     out_dir = Path(out_dir)
     (out_dir / "images").mkdir(parents=True, exist_ok=True)
     rng = random.Random(f"mixed-{seed}")
 
-    def shape_image(name: str, colour: str, offset: tuple[int, int] | None = None) -> str:
-        image = draw_shape(SHAPES[rng.randrange(len(SHAPES))], colour, image_size, rng)
-        if offset is not None:  # a video frame: the same kind of shape, drawn again further along
-            image = image.transform(image.size, Image.Transform.AFFINE, (1, 0, -offset[0], 0, 1, -offset[1]),
-                                    fillcolor=(255, 255, 255))  # fmt: skip
+    def save(image: Image.Image, name: str) -> str:
         image.save(out_dir / "images" / name, format="PNG")
         return f"images/{name}"
+
+    def random_shape() -> str:
+        return SHAPES[rng.randrange(len(SHAPES))]
 
     lines = []
     for index in range(num_rows):
@@ -108,18 +144,23 @@ def build_mixed_dataset(out_dir: str | Path, num_rows: int = 64, seed: int = 0, 
             thing, colour = _TEXT_QUESTIONS[rng.randrange(len(_TEXT_QUESTIONS))]
             row = {"problem": f"What colour is {thing}?", "answer": colour}
         elif kind == "image":
-            row = {"problem": PROMPT, "answer": colour, "images": [shape_image(f"{index:05d}.png", colour)]}
+            image = draw_shape(random_shape(), colour, image_size, rng)
+            row = {"problem": PROMPT, "answer": colour, "images": [save(image, f"{index:05d}.png")]}
         elif kind == "three_images":
-            others = [COLOURS[rng.randrange(len(COLOURS))] for _ in range(2)]
-            images = [shape_image(f"{index:05d}_{k}.png", c) for k, c in enumerate([colour, *others])]
+            colours = [colour, *(COLOURS[rng.randrange(len(COLOURS))] for _ in range(2))]
+            images = [
+                save(draw_shape(random_shape(), c, image_size, rng), f"{index:05d}_{k}.png")
+                for k, c in enumerate(colours)
+            ]
             row = {
                 "problem": "<image><image><image>What colour is the first shape?",
                 "answer": colour,
                 "images": images,
             }
         else:
-            frames = [shape_image(f"{index:05d}_f{k}.png", colour, (2 * k, k)) for k in range(4)]
-            row = {"problem": "<video>What colour is the moving shape?", "answer": colour, "videos": [frames]}
+            frames = moving_shape_frames(random_shape(), colour, image_size, rng, num_frames)
+            paths = [save(frame, f"{index:05d}_f{k}.png") for k, frame in enumerate(frames)]
+            row = {"problem": "<video>What colour is the moving shape?", "answer": colour, "videos": [paths]}
         lines.append(json.dumps(row))
     (out_dir / "train.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return out_dir
@@ -165,7 +206,7 @@ def ensure_demo_assets(root: str | Path = ".cache/demo", family: str = "qwen2_5_
 
 def main(argv: list[str] | None = None) -> None:
     """Command line entry point: build the shape dataset."""
-    parser = argparse.ArgumentParser(description="Build the synthetic shape-colour dataset.")
+    parser = argparse.ArgumentParser(description="Build the synthetic shape-colour dataset (or the mixed one).")
     parser.add_argument("out_dir", help="directory to write train.jsonl, val.jsonl and images/ into")
     parser.add_argument("--num-train", type=int, default=2048, help="number of training rows")
     parser.add_argument("--num-val", type=int, default=128, help="number of validation rows")
