@@ -69,12 +69,12 @@ def kill_hard(process: subprocess.Popen) -> None:
 
 
 def deterministic_metrics(run_dir: Path) -> dict[int, dict[str, float]]:
-    """Per step, every metric except wall times."""
+    """Per step, every metric except measurements of the machine (wall times, peak memory)."""
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [record["step"] for record in records]
     assert steps == sorted(set(steps)), f"steps logged twice or out of order: {steps}"
     return {
-        record["step"]: {k: v for k, v in record.items() if not k.startswith(("timing/", "throughput/"))}
+        record["step"]: {k: v for k, v in record.items() if not k.startswith(("timing/", "throughput/", "perf/"))}
         for record in records
     }
 
