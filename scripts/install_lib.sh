@@ -1,0 +1,36 @@
+# Shared by scripts/install_cpu.sh and scripts/install_gpu.sh (sourced, not run): the virtualenv, the quiet pip
+# steps with a log, and the stamp that makes a second run only re-check the imports.
+# The caller sets VENV and PYTHON (defaults below) and then calls begin_install / finish_install.
+
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+
+# begin_install NAME FILE...: create the venv if needed; return 0 when the stack must be (re)installed, that is
+# when the hash of FILE... (the pins and the install steps) differs from the one stored after the last success.
+begin_install() {
+  local name=$1
+  shift
+  [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+  PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+  stamp="$VENV/.easyr1-installed"
+  log="$VENV/install.log"
+  want=$(cat "$@" | sha256sum | cut -d' ' -f1)
+  [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && return 1
+  echo "installing the $name stack into $VENV (a few minutes the first time; log: $log)"
+  : >"$log"
+  return 0
+}
+
+# quietly CMD...: run an install step, keep its output in the log, show the log's end only if the step fails.
+quietly() {
+  "$@" >>"$log" 2>&1 || {
+    tail -n 60 "$log"
+    echo "install failed: $* (full log: $log)"
+    exit 1
+  }
+}
+
+# finish_install: record that the stack installed with the current pins (called after the import check passed).
+finish_install() {
+  echo "$want" >"$stamp"
+}
