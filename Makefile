@@ -2,10 +2,14 @@
 PYTHON ?= .venv/bin/python
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install demo test test-fast quality style clean
+.PHONY: install install-gpu demo test test-fast quality style clean
 
 install:
 	bash scripts/install_cpu.sh
+
+# The GPU stack (Linux x86_64, CUDA 13 driver) into .venv: docs/gpu.md. FLASH_ATTN=0 skips flash-attention 4.
+install-gpu:
+	bash scripts/install_gpu.sh
 
 demo: install
 	$(PYTHON) -m easyr1.tools.demo
