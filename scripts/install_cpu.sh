@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 source scripts/install_lib.sh
 
 if begin_install CPU pyproject.toml scripts/install_lib.sh scripts/install_cpu.sh scripts/torchvision_cpu_fix.py; then
+  refuse_other_stack vllm install_gpu.sh
   # torch first, pinned to the CPU build: anything else lets pip pull a multi-GB CUDA build.
   quietly "${PIP[@]}" install "torch==2.13.0+cpu"
   quietly "${PIP[@]}" install -e ".[cpu,hub,dev,trackers]" "torch==2.13.0+cpu"

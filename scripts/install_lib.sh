@@ -30,6 +30,16 @@ quietly() {
   }
 }
 
+# refuse_other_stack DIST OTHER_SCRIPT: stop when the venv already holds the other stack (its vLLM distribution
+# DIST): pip would keep that stack's torch (2.13.0 and 2.13.0+cpu both satisfy torch==2.13.0) beside a second vLLM.
+refuse_other_stack() {
+  if "$VENV/bin/python" -m pip show -q "$1" >/dev/null 2>&1; then
+    echo "$VENV holds the other stack ($1, from scripts/$2); install into another venv" \
+      "(VENV=/path/to/venv bash $0) or delete $VENV first" >&2
+    exit 2
+  fi
+}
+
 # finish_install: record that the stack installed with the current pins (called after the import check passed).
 finish_install() {
   echo "$want" >"$stamp"
