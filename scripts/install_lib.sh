@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared by scripts/install_cpu.sh and scripts/install_gpu.sh (sourced, not run): the virtualenv, the quiet pip
 # steps with a log, and the stamp that makes a second run only re-check the imports.
 # The caller sets VENV and PYTHON (defaults below) and then calls begin_install / finish_install.
@@ -11,6 +12,7 @@ begin_install() {
   local name=$1
   shift
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+  # shellcheck disable=SC2034  # used by the scripts that source this file
   PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
   stamp="$VENV/.easyr1-installed"
   log="$VENV/install.log"
