@@ -181,6 +181,7 @@ class Trainer:
             backend=pick_backend(device),
         )
         print(f"easyr1: {self.workers.describe()}", flush=True)
+        self.workers.check_shared_directory(config.trainer.save_checkpoint_path, "trainer.save_checkpoint_path")
         self.workers.run_all("init_models")
 
         algorithm = config.algorithm

@@ -13,6 +13,7 @@ import time
 
 import pytest
 from helpers import REPO
+from test_cli import base_args, run_main
 
 from easyr1.distributed import Worker, WorkerGroup
 from easyr1.distributed.placement import (
@@ -124,6 +125,19 @@ def test_describe_placement_lists_each_nodes_ranks():
     )
 
 
+def test_several_nodes_without_a_cluster_address_is_a_config_error(
+    capsys, monkeypatch, tiny_qwen2_5_vl_dir, tiny_dataset_dir
+):
+    import ray
+
+    if ray.is_initialized():  # a cluster left by another test module would be joined instead
+        ray.shutdown()
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    err = run_main(capsys, [*base_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir), "trainer.nnodes=2"])
+    assert "trainer.nnodes=2" in err and "RAY_ADDRESS" in err and "ray start --head" in err
+    assert not ray.is_initialized()  # refused before starting a one-node cluster
+
+
 # ------------------------------------------------------------------------------- a real (one-node) cluster
 CLUSTER_CPUS = 3
 
@@ -187,5 +201,6 @@ def test_worker_given_a_gpu_it_cannot_see_refuses_then_the_resources_are_free_ag
         assert group.master_address.startswith(f"{LOOPBACK}:")
         assert group.run_all("ping") == list(range(CLUSTER_CPUS))
         assert f"ranks 0-{CLUSTER_CPUS - 1}" in group.describe()
+        group.check_shared_directory("/nonexistent/on/one/node", "trainer.save_checkpoint_path")  # one node: no check
     finally:
         group.shutdown()

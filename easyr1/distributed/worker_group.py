@@ -7,12 +7,15 @@ chunks, one per rank (:meth:`WorkerGroup.run_split`), and collects the results i
 
 from __future__ import annotations
 
+import os
 import time
+import uuid
+from pathlib import Path
 from typing import Any
 
 import ray
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from easyr1.distributed.placement import (
     check_cluster_fits,
@@ -118,6 +121,41 @@ class WorkerGroup:
         """One line: which ranks run on which node, and the rendezvous address."""
         return describe_placement(self.node_ids, self.addresses, self.master_address)
 
+    def check_shared_directory(self, directory: str | os.PathLike, key: str) -> None:
+        """Raise a :class:`UserError` naming ``key`` unless every node of the group sees ``directory`` as the
+        driver does (a file the driver writes there is visible from each node).
+
+        Checkpoints need this: every rank writes its shards into one step directory, and the driver renames it.
+        On one node it always holds and nothing is checked.
+        """
+        nodes = sorted(set(self.node_ids))
+        if len(nodes) == 1:
+            return
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        marker = directory / f".easyr1-shared-{uuid.uuid4().hex}"
+        marker.write_text("written by the driver to check that every node sees this directory\n")
+        try:
+            seen = ray.get(
+                [
+                    _file_exists.options(
+                        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
+                    ).remote(str(marker))
+                    for node_id in nodes
+                ]
+            )
+        finally:
+            marker.unlink(missing_ok=True)
+        blind = [node_id for node_id, visible in zip(nodes, seen) if not visible]
+        if blind:
+            addresses = dict(zip(self.node_ids, self.addresses))
+            listing = ", ".join(f"{node_id[:8]} ({addresses[node_id]})" for node_id in blind)
+            raise UserError(
+                f"{key}={directory} is not the same directory on every node: a file written there by the driver is "
+                f"missing on node(s) {listing}. Every rank writes its checkpoint shards there, so with several nodes "
+                "it must be a shared filesystem (NFS, Lustre, ...) mounted at the same path on every node"
+            )
+
     def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Call ``method`` with the same arguments on every worker; results in rank order."""
         return ray.get([getattr(worker, method).remote(*args, **kwargs) for worker in self.workers])
@@ -140,3 +178,9 @@ class WorkerGroup:
         for worker in self.workers:
             ray.kill(worker)
         remove_placement_group(self._placement)
+
+
+@ray.remote(num_cpus=0)
+def _file_exists(path: str) -> bool:
+    """Whether ``path`` exists on the node this task runs on."""
+    return os.path.exists(path)
