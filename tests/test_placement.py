@@ -12,7 +12,7 @@ import os
 import time
 
 import pytest
-from helpers import REPO
+from helpers import REPO, demo_config
 from test_cli import base_args, run_main
 
 from easyr1.distributed import Worker, WorkerGroup
@@ -28,7 +28,7 @@ from easyr1.distributed.placement import (
     rendezvous_address,
     resolve_device,
 )
-from easyr1.errors import UserError
+from easyr1.errors import ConfigError, UserError
 
 
 # ------------------------------------------------------------------------------------------- pure rules
@@ -136,6 +136,27 @@ def test_several_nodes_without_a_cluster_address_is_a_config_error(
     err = run_main(capsys, [*base_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir), "trainer.nnodes=2"])
     assert "trainer.nnodes=2" in err and "RAY_ADDRESS" in err and "ray start --head" in err
     assert not ray.is_initialized()  # refused before starting a one-node cluster
+
+
+def test_tensor_parallel_group_must_fit_in_a_node(tiny_qwen2_5_vl_dir, tiny_dataset_dir):
+    layout = ["trainer.nnodes=2", "data.rollout_batch_size=12", "worker.actor.global_batch_size=12"]
+    # 2 x 3 = 6 workers split into TP groups of 2 evenly, yet ranks 2-3 would straddle the nodes
+    with pytest.raises(ConfigError, match=r"tensor_parallel_size=2 does not divide trainer.n_gpus_per_node=3"):
+        demo_config(
+            tiny_qwen2_5_vl_dir,
+            tiny_dataset_dir,
+            *layout,
+            "trainer.n_gpus_per_node=3",
+            "worker.rollout.tensor_parallel_size=2",
+        )
+    config = demo_config(
+        tiny_qwen2_5_vl_dir,
+        tiny_dataset_dir,
+        *layout,
+        "trainer.n_gpus_per_node=2",
+        "worker.rollout.tensor_parallel_size=2",
+    )
+    assert config.world_size == 4
 
 
 # ------------------------------------------------------------------------------- a real (one-node) cluster
