@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import ray
 import torch
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from tqdm import tqdm
 
 from easyr1.algorithms import (
@@ -159,7 +160,12 @@ class Trainer:
             config=to_dict(config),
         )
 
-        self.reward_actor = RewardActor.options(num_cpus=config.worker.reward.num_cpus).remote(
+        self.reward_actor = RewardActor.options(
+            num_cpus=config.worker.reward.num_cpus,
+            # the driver's node, where the reward file was found; another node may not have it (soft: if this
+            # node has no CPU free, any node will do)
+            scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True),
+        ).remote(
             config.worker.reward.reward_function,
             config.worker.reward.reward_function_kwargs,
             config.worker.reward.reward_type,
