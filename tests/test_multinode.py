@@ -150,11 +150,10 @@ def test_two_node_run(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path, monkeypat
         )
         seconds = time.monotonic() - start
     assert result.returncode == 0, result.stderr[-4000:]
-    print(f"2-node CLI run: {seconds:.1f} s")
-
     # the workers say where they ran: one on each node of the cluster, ranks in node order
     placement = PLACEMENT_LINE.search(result.stdout)
     assert placement, result.stdout[-3000:]
+    print(f"2-node CLI run: {seconds:.1f} s; {placement.group(0)}")
     workers, nodes, master_host, _port, parts = placement.groups()
     assert (workers, nodes) == ("2", "2")
     ranks = [NODE_PART.fullmatch(part.strip()).groups() for part in parts.split(";")]
@@ -167,6 +166,7 @@ def test_two_node_run(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path, monkeypat
     # across nodes the rendezvous is rank 0's node address, which gloo bound and both ranks reached
     assert master_host == rank0_address != "127.0.0.1"
 
+    assert not list(run_dir.glob(".easyr1-shared-*"))  # the shared-directory check cleaned up after itself
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [record["step"] for record in records] == [1, 2]
     # every rank wrote its shards into the one checkpoint (a filesystem both "nodes" share, as a cluster's must)
