@@ -205,6 +205,28 @@ def test_more_workers_per_node_than_the_node_has_fails_at_once(ray_with_a_claime
     assert f"trainer.n_gpus_per_node={CLUSTER_CPUS + 1}" in message and "lower trainer.n_gpus_per_node" in message
 
 
+def test_resources_held_by_someone_else_time_out_with_a_clear_error(ray_with_a_claimed_gpu):
+    from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+
+    ray = ray_with_a_claimed_gpu
+    holder = placement_group([{"CPU": CLUSTER_CPUS}])  # another job's reservation: every CPU of the node
+    assert holder.wait(30)
+    try:
+        before = set(placement_group_table())
+        with pytest.raises(UserError) as error:
+            WorkerGroup(Worker, 1, placement_timeout_s=1)
+        message = str(error.value)
+        assert "waited 1 s" in message and "CPU 0, GPU 1 free" in message and "trainer.n_gpus_per_node" in message
+        # the group's own request was withdrawn, not left queued to grab the CPUs later
+        new = [pg for pg_id, pg in placement_group_table().items() if pg_id not in before]
+        assert [pg["state"] for pg in new] == ["REMOVED"]
+    finally:
+        remove_placement_group(holder)
+    deadline = time.monotonic() + 30  # removal is asynchronous; the next test needs the CPUs back
+    while ray.available_resources().get("CPU", 0) < CLUSTER_CPUS and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 @pytest.mark.slow
 def test_worker_given_a_gpu_it_cannot_see_refuses_then_the_resources_are_free_again(ray_with_a_claimed_gpu):
     ray = ray_with_a_claimed_gpu
