@@ -244,6 +244,8 @@ def test_worker_given_a_gpu_it_cannot_see_refuses_then_the_resources_are_free_ag
         assert group.master_address.startswith(f"{LOOPBACK}:")
         assert group.run_all("ping") == list(range(CLUSTER_CPUS))
         assert f"ranks 0-{CLUSTER_CPUS - 1}" in group.describe()
-        group.check_shared_directory("/nonexistent/on/one/node", "trainer.save_checkpoint_path")  # one node: no check
+        # every worker beside the driver: nothing to ask, nothing written
+        group.check_shared_directory("/nonexistent/here", "trainer.save_checkpoint_path")
+        assert not os.path.exists("/nonexistent")
     finally:
         group.shutdown()

@@ -126,10 +126,10 @@ class WorkerGroup:
         driver does (a file the driver writes there is visible from each node).
 
         Checkpoints need this: every rank writes its shards into one step directory, and the driver renames it.
-        On one node it always holds and nothing is checked.
+        Only nodes other than the driver's are asked; when all the workers run beside the driver, nothing is.
         """
-        nodes = sorted(set(self.node_ids))
-        if len(nodes) == 1:
+        nodes = sorted(set(self.node_ids) - {ray.get_runtime_context().get_node_id()})
+        if not nodes:
             return
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
