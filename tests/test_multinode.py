@@ -78,8 +78,9 @@ def alive_node_ids(address: str, env: dict[str, str], count: int, timeout: float
 
 
 @contextmanager
-def two_node_cluster() -> Iterator[tuple[str, list[str]]]:
-    """``(address, node ids)`` of a head node plus one joined node, each with its own CPUs."""
+def two_node_cluster(log_dir: Path) -> Iterator[tuple[str, list[str]]]:
+    """``(address, node ids)`` of a head node plus one joined node, each with its own CPUs; the output of the two
+    ``ray start`` commands goes to ``log_dir``."""
     # A private temp dir keeps this cluster out of /tmp/ray/ray_current_cluster, where a plain ray.init() in
     # another process would find it and join it; short, since Ray's socket paths must fit in 107 characters.
     temp_dir = tempfile.mkdtemp(prefix="r2n", dir="/tmp")
@@ -97,27 +98,29 @@ def two_node_cluster() -> Iterator[tuple[str, list[str]]]:
         "--disable-usage-stats",
     ]
     processes = []
+    head_log, node_log = (log_dir / "ray_head.log").open("w"), (log_dir / "ray_node.log").open("w")
     try:
         head = subprocess.Popen(
             [RAY, "start", "--head", f"--port={free_port()}", f"--temp-dir={temp_dir}", "--include-dashboard=false"]
+            + [f"--dashboard-agent-listen-port={free_port()}"]  # not Ray's fixed default: other clusters may use it
             + common,
             env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=head_log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         processes.append(head)
         address_file = Path(temp_dir) / "ray_current_cluster"
         deadline = time.monotonic() + 90
         while not (address_file.exists() and address_file.read_text().strip()):
-            assert head.poll() is None and time.monotonic() < deadline, "the Ray head did not start"
+            assert head.poll() is None and time.monotonic() < deadline, f"the Ray head did not start: {log_dir}"
             time.sleep(0.5)
         address = address_file.read_text().strip()
         node = subprocess.Popen(
             [RAY, "start", f"--address={address}", f"--dashboard-agent-listen-port={free_port()}"] + common,
             env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=node_log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         processes.append(node)
@@ -127,12 +130,14 @@ def two_node_cluster() -> Iterator[tuple[str, list[str]]]:
     finally:
         for process in reversed(processes):
             stop(process)
+        head_log.close()
+        node_log.close()
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def test_two_node_run(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
-    with two_node_cluster() as (address, node_ids):
+    with two_node_cluster(tmp_path) as (address, node_ids):
         monkeypatch.setenv("RAY_ADDRESS", address)
         start = time.monotonic()
         result = run_cli(
