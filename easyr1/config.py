@@ -926,6 +926,12 @@ def _check_sizes(config: PPOConfig, num_workers: int | None, problems: list[str]
                 f"{key}={size} does not divide {who}: every group needs all its members; use a size that divides "
                 f"{workers}"
             )
+    nodes, per_node, tp = config.trainer.nnodes, config.trainer.n_gpus_per_node, rollout.tensor_parallel_size
+    if nodes > 1 and per_node >= 1 and tp >= 1 and per_node % tp:
+        problems.append(
+            f"worker.rollout.tensor_parallel_size={tp} does not divide trainer.n_gpus_per_node={per_node}: with "
+            f"trainer.nnodes={nodes} a tensor-parallel group would span two nodes; use a size that divides {per_node}"
+        )
     if rollout.name == "hf" and rollout.tensor_parallel_size != 1:
         problems.append(
             f"worker.rollout.tensor_parallel_size={rollout.tensor_parallel_size} needs worker.rollout.name=vllm; "

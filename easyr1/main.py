@@ -13,12 +13,24 @@ import sys
 from easyr1.errors import UserError
 
 
-def init_ray(num_workers: int) -> None:
-    """Start (or join, when ``RAY_ADDRESS`` is set) a Ray cluster with quiet, CPU-friendly settings."""
+def init_ray(num_workers: int, nnodes: int = 1) -> None:
+    """Start (or join, when ``RAY_ADDRESS`` is set) a Ray cluster with quiet, CPU-friendly settings.
+
+    Several nodes need a cluster started beforehand (``ray start``, docs/multinode.md): without ``RAY_ADDRESS``
+    this is a :class:`ConfigError`, before Ray starts a one-node cluster that could never hold the workers.
+    """
     import ray
+
+    from easyr1.errors import ConfigError
 
     if ray.is_initialized():
         return
+    if nnodes > 1 and not os.environ.get("RAY_ADDRESS"):
+        raise ConfigError(
+            f"trainer.nnodes={nnodes} needs a Ray cluster of {nnodes} nodes: start one with `ray start --head` on "
+            "the first node and `ray start --address=HEAD:6379` on the others, then run with RAY_ADDRESS=HEAD:6379 "
+            "(docs/multinode.md); or set trainer.nnodes=1"
+        )
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 would otherwise create and demand a token
     env_vars = {
         "TOKENIZERS_PARALLELISM": "false",
@@ -31,7 +43,8 @@ def init_ray(num_workers: int) -> None:
         "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),
     }
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars})
+        # the cluster's nodes bring their own resources; only the workers' environment is passed along
+        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars}, logging_level="WARNING")
         return
     import torch
 
@@ -74,7 +87,7 @@ def run(argv: list[str]) -> list[dict[str, float]]:
         )
     prepare_demo_assets(config)
     check_against_model(config, read_model_config(config.worker.actor.model.model_path))
-    init_ray(config.trainer.nnodes * config.trainer.n_gpus_per_node)
+    init_ray(config.trainer.nnodes * config.trainer.n_gpus_per_node, config.trainer.nnodes)
     from easyr1.trainer import Trainer
 
     trainer = Trainer(config)

@@ -8,6 +8,7 @@ advantages on the driver, update the policy on the workers, and log the metrics.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import os
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 import ray
 import torch
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from tqdm import tqdm
 
 from easyr1.algorithms import (
@@ -39,7 +41,8 @@ from easyr1.data import RLDataset, collate_fn
 from easyr1.data.sampler import PromptStream
 from easyr1.distributed import WorkerGroup
 from easyr1.distributed.balance import balanced_order
-from easyr1.distributed.worker import device_type, pick_backend
+from easyr1.distributed.placement import resolve_device
+from easyr1.distributed.worker import pick_backend
 from easyr1.errors import UserError
 from easyr1.logging import build_trackers
 from easyr1.logging.perf import memory_metrics
@@ -157,22 +160,34 @@ class Trainer:
             config=to_dict(config),
         )
 
-        self.reward_actor = RewardActor.options(num_cpus=config.worker.reward.num_cpus).remote(
+        self.reward_actor = RewardActor.options(
+            num_cpus=config.worker.reward.num_cpus,
+            # the driver's node, where the reward file was found; another node may not have it (soft: if this
+            # node has no CPU free, any node will do)
+            scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True),
+        ).remote(
             config.worker.reward.reward_function,
             config.worker.reward.reward_function_kwargs,
             config.worker.reward.reward_type,
         )
         num_workers = config.trainer.nnodes * config.trainer.n_gpus_per_node
-        device = device_type(config.trainer.device)
+        # the cluster's resources decide `auto`, not the driver's: the driver may sit on a GPU-less head node
+        device = resolve_device(config.trainer.device, ray.cluster_resources())
+        worker_config = copy.deepcopy(config)
+        worker_config.trainer.device = device  # every worker uses the device decided here, and checks it has it
+        # on CPU a node's workers share its cores; more threads than cores only adds contention
+        cpu_threads = max(1, (os.cpu_count() or 1) // config.trainer.n_gpus_per_node)
         self.workers = WorkerGroup(
             HybridWorker,
             num_workers,
-            init_args=(config,),
+            nnodes=config.trainer.nnodes,
+            init_args=(worker_config,),
             gpus_per_worker=1 if device == "cuda" else 0,
-            # on CPU the workers share the cores; more threads than cores only adds contention
-            threads_per_worker=max(1, (os.cpu_count() or 1) // num_workers) if device == "cpu" else 8,
+            threads_per_worker=cpu_threads if device == "cpu" else 8,
             backend=pick_backend(device),
         )
+        print(f"easyr1: {self.workers.describe()}", flush=True)
+        self.workers.check_shared_directory(config.trainer.save_checkpoint_path, "trainer.save_checkpoint_path")
         self.workers.run_all("init_models")
 
         algorithm = config.algorithm

@@ -71,3 +71,25 @@ class Worker:
     def ping(self) -> int:
         """The worker's rank (used to wait until every actor is up)."""
         return self.rank
+
+    def placement_report(self, device: str) -> dict[str, str | int]:
+        """Where this worker runs (Ray node id and address, host name) and how many GPUs it sees.
+
+        Raises a :class:`~easyr1.errors.UserError` when ``device`` is ``cuda`` and no GPU is visible here (a
+        node that advertises GPUs to Ray without a usable driver, say), before any model is loaded.
+        """
+        import ray
+
+        from easyr1.errors import UserError
+
+        node_id = ray.get_runtime_context().get_node_id()
+        address = ray.util.get_node_ip_address()
+        gpus = torch.cuda.device_count() if device == "cuda" else 0
+        if device == "cuda" and gpus == 0:
+            raise UserError(
+                f"trainer.device=cuda, but the worker on node {node_id[:8]} ({address}, host {socket.gethostname()}) "
+                f"sees no GPU (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}, torch "
+                f"{torch.__version__}, CUDA build {torch.version.cuda}): start that node's Ray with working GPUs, "
+                "or set trainer.device=cpu"
+            )
+        return {"node_id": node_id, "address": address, "hostname": socket.gethostname(), "gpus": gpus}

@@ -7,24 +7,49 @@ chunks, one per rank (:meth:`WorkerGroup.run_split`), and collects the results i
 
 from __future__ import annotations
 
+import os
+import time
+import uuid
+from pathlib import Path
 from typing import Any
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
+from easyr1.distributed.placement import (
+    check_cluster_fits,
+    check_ranks_grouped_by_node,
+    describe_placement,
+    node_bundle,
+    nodes_from_ray,
+    placement_timeout_message,
+    rank_order_of_bundles,
+    rendezvous_address,
+)
 from easyr1.distributed.worker import Worker
+from easyr1.errors import UserError
 from easyr1.protocol import Batch
 
 
+# How long to wait for resources the cluster has but that are taken, before giving up with a clear error.
+PLACEMENT_TIMEOUT_S = 300.0
+
+
 class WorkerGroup:
-    """``num_workers`` instances of ``worker_cls`` placed by a Ray placement group, ranks 0..N-1."""
+    """``num_workers`` instances of ``worker_cls`` on ``nnodes`` nodes, ranks 0..N-1 ordered by node.
+
+    Each node gets ``num_workers // nnodes`` workers (one node-sized placement bundle per node, spread over
+    distinct nodes); the ranks of one node are consecutive. The cluster is checked first: a layout it cannot
+    hold is a :class:`UserError` naming ``trainer.nnodes`` / ``trainer.n_gpus_per_node``, not a silent wait.
+    """
 
     def __init__(
         self,
         worker_cls: type[Worker],
         num_workers: int,
         *,
+        nnodes: int = 1,
         init_args: tuple = (),
         init_kwargs: dict[str, Any] | None = None,
         cpus_per_worker: float = 1,
@@ -32,11 +57,31 @@ class WorkerGroup:
         threads_per_worker: int = 1,
         env_vars: dict[str, str] | None = None,
         backend: str | None = None,
+        placement_timeout_s: float = PLACEMENT_TIMEOUT_S,
     ) -> None:
+        if nnodes < 1 or num_workers % nnodes:
+            raise ValueError(f"{num_workers} workers cannot be split evenly over {nnodes} nodes")
         self.num_workers = num_workers
-        bundle = {"CPU": cpus_per_worker, **({"GPU": gpus_per_worker} if gpus_per_worker else {})}
-        self._placement = placement_group([dict(bundle) for _ in range(num_workers)], strategy="PACK")
-        ray.get(self._placement.ready())
+        self.nnodes = nnodes
+        workers_per_node = num_workers // nnodes
+        bundle = node_bundle(workers_per_node, cpus_per_worker, gpus_per_worker)
+        nodes = nodes_from_ray(ray.nodes())
+        check_cluster_fits(nodes, nnodes, workers_per_node, bundle)
+        # one bundle per node, each on its own node (a bundle never spans nodes, so a node's ranks stay together)
+        strategy = "STRICT_SPREAD" if nnodes > 1 else "PACK"
+        self._placement = placement_group([dict(bundle) for _ in range(nnodes)], strategy=strategy)
+        self.workers: list = []
+        started = time.monotonic()
+        if not self._placement.wait(placement_timeout_s):
+            available = ray.available_resources()
+            remove_placement_group(self._placement)
+            raise UserError(
+                placement_timeout_message(
+                    nnodes, workers_per_node, bundle, available, round(time.monotonic() - started)
+                )
+            )
+        bundle_nodes = placement_group_table(self._placement)["bundles_to_node_id"]
+        bundle_order = rank_order_of_bundles(bundle_nodes, {node.node_id: node.address for node in nodes})
         env = {"OMP_NUM_THREADS": str(threads_per_worker), **(env_vars or {})}
         remote_cls = ray.remote(worker_cls)
         self.workers = [
@@ -44,17 +89,22 @@ class WorkerGroup:
                 num_cpus=cpus_per_worker,
                 num_gpus=gpus_per_worker,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    self._placement, placement_group_bundle_index=rank
+                    self._placement, placement_group_bundle_index=bundle_order[rank // workers_per_node]
                 ),
                 runtime_env={"env_vars": env},
             ).remote(*init_args, **(init_kwargs or {}))
             for rank in range(num_workers)
         ]
         try:
-            addresses = ray.get([worker.node_address_and_free_port.remote() for worker in self.workers])
-            master_addr, master_port = addresses[0]
-            if len({address for address, _ in addresses}) == 1:
-                master_addr = "127.0.0.1"  # one node: loopback, since Ray may report an address gloo cannot bind
+            # each worker says where it is and checks that it can use the device it was given
+            device = "cuda" if gpus_per_worker else "cpu"
+            reports = ray.get([worker.placement_report.remote(device) for worker in self.workers])
+            self.node_ids = [report["node_id"] for report in reports]
+            self.addresses = [report["address"] for report in reports]
+            check_ranks_grouped_by_node(self.node_ids, workers_per_node)
+            rank0_address, master_port = ray.get(self.workers[0].node_address_and_free_port.remote())
+            master_addr = rendezvous_address(self.node_ids, rank0_address)
+            self.master_address = f"{master_addr}:{master_port}"
             ray.get(
                 [
                     worker.init_distributed.remote(
@@ -66,6 +116,45 @@ class WorkerGroup:
         except Exception:
             self.shutdown()  # release the reserved resources, or the next group would wait for them forever
             raise
+
+    def describe(self) -> str:
+        """One line: which ranks run on which node, and the rendezvous address."""
+        return describe_placement(self.node_ids, self.addresses, self.master_address)
+
+    def check_shared_directory(self, directory: str | os.PathLike, key: str) -> None:
+        """Raise a :class:`UserError` naming ``key`` unless every node of the group sees ``directory`` as the
+        driver does (a file the driver writes there is visible from each node).
+
+        Checkpoints need this: every rank writes its shards into one step directory, and the driver renames it.
+        Only nodes other than the driver's are asked; when all the workers run beside the driver, nothing is.
+        """
+        nodes = sorted(set(self.node_ids) - {ray.get_runtime_context().get_node_id()})
+        if not nodes:
+            return
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        marker = directory / f".easyr1-shared-{uuid.uuid4().hex}"
+        marker.write_text("written by the driver to check that every node sees this directory\n")
+        try:
+            seen = ray.get(
+                [
+                    _file_exists.options(
+                        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
+                    ).remote(str(marker))
+                    for node_id in nodes
+                ]
+            )
+        finally:
+            marker.unlink(missing_ok=True)
+        blind = [node_id for node_id, visible in zip(nodes, seen) if not visible]
+        if blind:
+            addresses = dict(zip(self.node_ids, self.addresses))
+            listing = ", ".join(f"{node_id[:8]} ({addresses[node_id]})" for node_id in blind)
+            raise UserError(
+                f"{key}={directory} is not the same directory on every node: a file written there by the driver is "
+                f"missing on node(s) {listing}. Every rank writes its checkpoint shards there, so with several nodes "
+                "it must be a shared filesystem (NFS, Lustre, ...) mounted at the same path on every node"
+            )
 
     def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Call ``method`` with the same arguments on every worker; results in rank order."""
@@ -89,3 +178,9 @@ class WorkerGroup:
         for worker in self.workers:
             ray.kill(worker)
         remove_placement_group(self._placement)
+
+
+@ray.remote(num_cpus=0)
+def _file_exists(path: str) -> bool:
+    """Whether ``path`` exists on the node this task runs on."""
+    return os.path.exists(path)
