@@ -31,6 +31,7 @@ from easyr1.distributed.fsdp import full_tensor
 from easyr1.models.vision_tower import vision_keepalive
 from easyr1.protocol import Batch
 from easyr1.workers.packing import packed_response_logits, token_budget_groups
+from easyr1.workers.placement import batch_to, to_host
 
 
 def merge_vision_inputs(rows: Any) -> dict[str, torch.Tensor]:
@@ -132,9 +133,9 @@ def micro_batches(batch: Batch, micro_batch_size: int, dynamic: bool) -> list[tu
 
 
 def in_original_order(parts: list[tuple[list[int], torch.Tensor]]) -> torch.Tensor:
-    """Concatenate per-micro-batch outputs and put the rows back in the batch's order."""
+    """Concatenate per-micro-batch outputs on the host and put the rows back in the batch's order."""
     indices = torch.tensor([index for group, _ in parts for index in group])
-    values = torch.cat([value for _, value in parts])
+    values = torch.cat([to_host(value) for _, value in parts])
     return values[torch.argsort(indices)]
 
 
@@ -175,8 +176,11 @@ class Actor:
         lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
         banned_token_ids: list[int] | None = None,
         adapters_disabled: bool = False,
+        device: torch.device | str = "cpu",
     ) -> None:
         self.model = model
+        # the worker's device: each micro-batch is moved here before its forward; results go back to the host
+        self.device = torch.device(device)
         # the LoRA reference policy: the actor's own model with its adapters switched off
         self.adapters_disabled = adapters_disabled
         self.banned_token_ids = list(banned_token_ids or [])
@@ -190,7 +194,7 @@ class Actor:
         self.model.eval()
         with self.model.disable_adapter() if self.adapters_disabled else nullcontext():
             parts = [
-                (rows, self._log_probs(micro, temperature)[0])
+                (rows, self._log_probs(batch_to(micro, self.device), temperature)[0])
                 for rows, micro in micro_batches(batch, micro_batch_size, self.config.dynamic_batching)
             ]
         return in_original_order(parts)
@@ -243,6 +247,7 @@ class Actor:
         for _, micro in micro_batches(
             mini_batch, config.micro_batch_size_per_device_for_update, config.dynamic_batching
         ):
+            micro = batch_to(micro, self.device)
             micro_mask = micro["response_mask"]
             log_probs, entropy = self._log_probs(micro, temperature, with_entropy=True)
             policy_loss = get_policy_loss(config.loss_type)(
