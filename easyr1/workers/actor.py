@@ -27,6 +27,7 @@ from easyr1.algorithms import (
     log_probs_from_logits,
     masked_mean,
 )
+from easyr1.algorithms.logits import compile_allowed
 from easyr1.distributed.fsdp import full_tensor
 from easyr1.models.vision_tower import vision_keepalive
 from easyr1.protocol import Batch
@@ -79,12 +80,14 @@ def response_log_probs(
     with_entropy: bool = False,
     banned_token_ids: list[int] | None = None,
     padding_free: bool = False,
+    compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and optionally entropies) of the response tokens under ``model``.
 
     Shapes: ``input_ids`` / ``attention_mask`` (B, P + R), ``position_ids`` (B, 4, P + R) or (B, P + R),
     ``responses`` (B, R); returns (B, R) tensors in float32. ``padding_free`` packs the micro-batch into one row
-    (same values, no compute spent on padding; see :mod:`easyr1.workers.packing`).
+    (same values, no compute spent on padding; see :mod:`easyr1.workers.packing`). ``compiled`` runs the log-prob and
+    entropy chunks through ``torch.compile`` (:func:`~easyr1.algorithms.logits.compile_allowed`).
     """
     responses = micro_batch["responses"]
     response_length = responses.shape[-1]
@@ -104,8 +107,8 @@ def response_log_probs(
     if bias is not None:
         logits = logits + bias.to(logits.device)
     logits = logits / temperature
-    log_probs = log_probs_from_logits(logits, responses)
-    entropy = entropy_from_logits(logits) if with_entropy else None
+    log_probs = log_probs_from_logits(logits, responses, compiled=compiled)
+    entropy = entropy_from_logits(logits, compiled=compiled) if with_entropy else None
     return log_probs, entropy
 
 
@@ -181,6 +184,7 @@ class Actor:
         self.model = model
         # the worker's device: each micro-batch is moved here before its forward; results go back to the host
         self.device = torch.device(device)
+        self.compiled = compile_allowed(config.use_torch_compile, self.device)
         # the LoRA reference policy: the actor's own model with its adapters switched off
         self.adapters_disabled = adapters_disabled
         self.banned_token_ids = list(banned_token_ids or [])
@@ -209,6 +213,7 @@ class Actor:
             with_entropy=with_entropy,
             banned_token_ids=self.banned_token_ids,
             padding_free=self.config.padding_free,
+            compiled=self.compiled,
         )
 
     def update_policy(self, batch: Batch, temperature: float, mini_batch_size: int) -> dict[str, float]:
