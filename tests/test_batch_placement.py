@@ -10,6 +10,7 @@ import torch
 from helpers import demo_config, training_batch
 
 from easyr1.models.loading import load_model
+from easyr1.models.vision_tower import dummy_image_inputs
 from easyr1.protocol import Batch
 from easyr1.workers.actor import Actor
 from easyr1.workers.critic import Critic, ValueModel
@@ -45,6 +46,14 @@ def test_batch_to_leaves_the_host_batch_untouched():
     assert batch["input_ids"].device.type == "cpu"
     assert batch["multi_modal_inputs"][0]["pixel_values"].device.type == "cpu"
     assert isinstance(batch["multi_modal_inputs"], np.ndarray)
+
+
+def test_dummy_image_follows_the_inputs_device_not_the_parameters(tiny_qwen2_5_vl_dir):
+    # with FSDP CPU offload the sharded parameters stay on the host while the forward runs on the GPU
+    model = load_model(str(tiny_qwen2_5_vl_dir), torch.float32)
+    pixels, grid = dummy_image_inputs(model, device="meta")
+    assert pixels.device.type == grid.device.type == "meta"
+    assert dummy_image_inputs(model)[0].device.type == "cpu"  # default: where the parameters are
 
 
 def record_input_devices(model: torch.nn.Module) -> set[str]:

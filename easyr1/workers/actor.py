@@ -93,7 +93,8 @@ def response_log_probs(
     response_length = responses.shape[-1]
     inputs = forward_inputs(micro_batch)
     vision = {key: value for key, value in inputs.items() if key not in _TEXT_INPUTS}
-    keepalive = vision_keepalive(model, model, vision)  # before the forward: see models/vision_tower.py
+    # before the forward: see models/vision_tower.py; on the inputs' device, which FSDP CPU offload does not share
+    keepalive = vision_keepalive(model, model, vision, device=responses.device)
     if padding_free:
         ids, mask, positions = (micro_batch[key] for key in _TEXT_INPUTS)
         logits = packed_response_logits(model, ids, mask, positions, response_length, vision)
