@@ -1078,7 +1078,6 @@ def to_yaml(config: PPOConfig) -> str:
 # Settings this version accepts (so EasyR1 configs load) but does not act on yet, with their neutral values.
 _NOT_YET_ACTIVE: dict[str, Any] = {
     "worker.actor.ulysses_size": 1,
-    "worker.actor.use_torch_compile": False,
     "worker.actor.fsdp.enable_rank0_init": False,
     "worker.actor.offload.offload_params": False,
     "worker.actor.offload.offload_optimizer": False,

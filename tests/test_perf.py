@@ -1,8 +1,12 @@
-"""Hardware metrics: model FLOPs utilisation arithmetic, known device peaks, and peak memory."""
+"""Hardware metrics: model FLOPs utilisation arithmetic, known device peaks, and peak memory since the last report."""
+
+import os
+import resource
 
 import pytest
 
-from easyr1.logging.perf import memory_metrics, model_flops_utilization, peak_flops
+from easyr1.logging import perf
+from easyr1.logging.perf import PEAK_BF16_FLOPS, memory_metrics, model_flops_utilization, peak_flops
 
 
 def test_mfu_counts_two_flops_per_parameter_per_token_per_pass():
@@ -11,10 +15,42 @@ def test_mfu_counts_two_flops_per_parameter_per_token_per_pass():
     assert model_flops_utilization(10**9, 1000, 1, 2.0, 1e12) == pytest.approx(1.0)
 
 
-def test_peak_flops_known_only_for_listed_devices():
-    assert peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
-    assert peak_flops("NVIDIA H100 80GB HBM3") == 989e12
-    assert peak_flops("cpu") is None
+@pytest.mark.parametrize(
+    "device_name, key",
+    [
+        ("NVIDIA A100-SXM4-80GB", "A100"),
+        ("NVIDIA H100 80GB HBM3", "H100"),
+        ("NVIDIA H100 PCIe", "H100 PCIe"),
+        ("NVIDIA H100 NVL", "H100 NVL"),
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA H200 NVL", "H200 NVL"),
+        ("NVIDIA H20", "H20"),
+        ("NVIDIA GH200 480GB", "GH200"),
+        ("NVIDIA B200", "B200"),
+        ("NVIDIA GB200", "GB200"),
+        ("NVIDIA A10", "A10"),
+        ("NVIDIA L20", "L20"),
+        ("NVIDIA L4", "L4"),
+        ("NVIDIA L40", "L40"),
+        ("NVIDIA L40S", "L40S"),
+        ("NVIDIA GeForce RTX 4090", "4090"),
+        ("AMD Instinct MI300X", "MI300X"),
+    ],
+)
+def test_peak_flops_takes_the_most_specific_listed_name(device_name, key):
+    assert peak_flops(device_name) == PEAK_BF16_FLOPS[key]
+
+
+@pytest.mark.parametrize("device_name", ["cpu", "NVIDIA A10G", "NVIDIA H2000", "Tesla V100-SXM2-16GB"])
+def test_peak_flops_unknown_for_unlisted_devices(device_name):
+    # A10G and V100 are not listed: a loose substring match would give them A10's or nothing's numbers
+    assert peak_flops(device_name) is None
+
+
+def test_peak_flops_table_lists_dense_not_sparse_numbers():
+    # dense bf16 of the H100 SXM is 989 TFLOP/s and nothing listed reaches the sparse 2x of a GB200
+    assert PEAK_BF16_FLOPS["H200"] == PEAK_BF16_FLOPS["H100"] < PEAK_BF16_FLOPS["B200"] < PEAK_BF16_FLOPS["GB200"]
+    assert max(PEAK_BF16_FLOPS.values()) < 3e15
 
 
 def test_memory_metrics_report_this_process_peak():
@@ -29,3 +65,49 @@ def test_memory_metrics_report_this_process_peak():
     after = memory_metrics()["perf/max_host_memory_gb"]
     del block
     assert after - before == pytest.approx(0.3, abs=0.1)
+
+
+def resident_gb() -> float:
+    page = os.sysconf("SC_PAGE_SIZE")
+    return int(open("/proc/self/statm").read().split()[1]) * page / 1024**3
+
+
+def touch(size: int) -> bytearray:
+    block = bytearray(size)
+    block[::4096] = b"x" * len(block[::4096])
+    return block
+
+
+@pytest.mark.skipif(perf._resident_peak_kib() is None or not perf._reset_resident_peak(), reason="no resettable VmHWM")
+def test_host_peak_is_reset_by_each_report():
+    memory_metrics()
+    block = touch(300 * 1024**2)
+    del block
+    with_block = memory_metrics()["perf/max_host_memory_gb"]
+    after = memory_metrics()["perf/max_host_memory_gb"]  # the block was freed before the previous report
+    assert with_block - after == pytest.approx(0.3, abs=0.1)
+    assert after == pytest.approx(resident_gb(), abs=0.05)
+
+
+def test_host_peak_without_reset_keeps_the_peak():
+    memory_metrics()
+    block = touch(300 * 1024**2)
+    del block
+    first = memory_metrics(reset=False)["perf/max_host_memory_gb"]
+    second = memory_metrics(reset=False)["perf/max_host_memory_gb"]
+    assert second == pytest.approx(first, abs=0.01) and first - resident_gb() > 0.2
+
+
+def test_host_peak_falls_back_to_ru_maxrss_without_proc(monkeypatch, tmp_path):
+    monkeypatch.setattr(perf, "_STATUS", tmp_path / "missing")
+    expected = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
+    assert memory_metrics()["perf/max_host_memory_gb"] == pytest.approx(expected, abs=0.01)
+
+
+def test_no_device_metrics_without_cuda_use():
+    # nothing here initialised CUDA (there is none on CPU machines), so no CUDA API may be touched
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        pytest.skip("CUDA already in use in this process")
+    assert set(memory_metrics()) == {"perf/max_host_memory_gb"}

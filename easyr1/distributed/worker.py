@@ -1,7 +1,9 @@
 """Base class of every Ray worker: one rank of a torch process group.
 
 A worker learns its rank, the world size and the rendezvous address from the :class:`WorkerGroup`
-and joins the process group (gloo on CPU, nccl on GPU). Subclasses add the actual work.
+and joins the process group (gloo on CPU; on GPU nccl for device tensors plus gloo for host tensors).
+Subclasses add the actual work. Nothing here imports Ray at module level, so a worker can also be driven
+in-process without it (``tests/gpu/inprocess.py``).
 """
 
 import logging
@@ -20,9 +22,19 @@ def device_type(preference: str = "auto") -> str:
     return preference
 
 
+# On GPU the group serves both kinds of tensor: model collectives (FSDP, gradient norms) on the device through
+# nccl, and the small counts the workers agree on (loss normalisers, micro-batch counts) on the host through gloo.
+GPU_BACKEND = "cpu:gloo,cuda:nccl"
+
+
 def pick_backend(device: str = "auto") -> str:
-    """The collective backend for a device: nccl for CUDA, gloo for CPU."""
-    return "nccl" if device_type(device) == "cuda" else "gloo"
+    """The collective backend for a device: gloo for CPU; for CUDA nccl on device tensors and gloo on host ones."""
+    return GPU_BACKEND if device_type(device) == "cuda" else "gloo"
+
+
+def uses_cuda(backend: str) -> bool:
+    """Whether a backend string (``gloo``, ``nccl``, ``cpu:gloo,cuda:nccl``) puts collectives on CUDA devices."""
+    return "nccl" in backend
 
 
 class Worker:
@@ -58,7 +70,7 @@ class Worker:
         )
         torch.set_num_threads(num_threads)
         backend = backend or pick_backend()
-        if backend == "nccl":
+        if uses_cuda(backend):
             torch.cuda.set_device(0)
         dist.init_process_group(
             backend=backend,

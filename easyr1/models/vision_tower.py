@@ -20,8 +20,11 @@ def _vision_config(model: nn.Module) -> Any | None:
     return getattr(getattr(model, "config", None), "vision_config", None)
 
 
-def dummy_image_inputs(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """The smallest valid image for ``model``'s tower: ``pixel_values`` (4, patch dim) and its (1, 3) grid."""
+def dummy_image_inputs(
+    model: nn.Module, device: torch.device | str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The smallest valid image for ``model``'s tower: ``pixel_values`` (4, patch dim) and its (1, 3) grid, on
+    ``device`` (default: where the parameters are; with FSDP CPU offload that is the host, not the compute device)."""
     vision = _vision_config(model)
     merge = int(getattr(vision, "spatial_merge_size", 2))
     patch = int(getattr(vision, "patch_size", 14))
@@ -30,7 +33,8 @@ def dummy_image_inputs(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     parameter = next(model.parameters())
     pixels = torch.zeros(merge * merge, channels * temporal * patch * patch, dtype=parameter.dtype)
     grid = torch.tensor([[1, merge, merge]], dtype=torch.long)
-    return pixels.to(parameter.device), grid.to(parameter.device)
+    device = parameter.device if device is None else device
+    return pixels.to(device), grid.to(device)
 
 
 def _sum_tensors(value: Any) -> torch.Tensor:
@@ -46,11 +50,13 @@ def _sum_tensors(value: Any) -> torch.Tensor:
     return torch.zeros(())
 
 
-def vision_keepalive(root: nn.Module, model: nn.Module, vision_inputs: dict[str, Any]) -> torch.Tensor | None:
+def vision_keepalive(
+    root: nn.Module, model: nn.Module, vision_inputs: dict[str, Any], device: torch.device | str | None = None
+) -> torch.Tensor | None:
     """A scalar zero computed through ``model``'s vision tower on a dummy image, when the micro-batch has no
     images and no videos; ``None`` otherwise and for text-only models. Call it *before* the forward and add it to
     the forward's output. ``root`` is the FSDP root that owns the tower's weights (``model`` itself for the actor,
-    the value model around the backbone for the critic)."""
+    the value model around the backbone for the critic). ``device``: where the forward's inputs are."""
     if _vision_config(model) is None or not hasattr(model, "get_image_features"):
         return None
     if "pixel_values" in vision_inputs or "pixel_values_videos" in vision_inputs:
@@ -58,5 +64,5 @@ def vision_keepalive(root: nn.Module, model: nn.Module, vision_inputs: dict[str,
     if isinstance(root, FSDPModule):
         # the same all-gather the forward would start with; the forward then finds the weights gathered
         root.unshard()
-    pixels, grid = dummy_image_inputs(model)
+    pixels, grid = dummy_image_inputs(model, device)
     return _sum_tensors(model.get_image_features(pixels, grid)) * 0.0

@@ -27,10 +27,12 @@ from easyr1.algorithms import (
     log_probs_from_logits,
     masked_mean,
 )
+from easyr1.algorithms.logits import compile_allowed
 from easyr1.distributed.fsdp import full_tensor
 from easyr1.models.vision_tower import vision_keepalive
 from easyr1.protocol import Batch
 from easyr1.workers.packing import packed_response_logits, token_budget_groups
+from easyr1.workers.placement import batch_to, to_host
 
 
 def merge_vision_inputs(rows: Any) -> dict[str, torch.Tensor]:
@@ -78,18 +80,21 @@ def response_log_probs(
     with_entropy: bool = False,
     banned_token_ids: list[int] | None = None,
     padding_free: bool = False,
+    compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and optionally entropies) of the response tokens under ``model``.
 
     Shapes: ``input_ids`` / ``attention_mask`` (B, P + R), ``position_ids`` (B, 4, P + R) or (B, P + R),
     ``responses`` (B, R); returns (B, R) tensors in float32. ``padding_free`` packs the micro-batch into one row
-    (same values, no compute spent on padding; see :mod:`easyr1.workers.packing`).
+    (same values, no compute spent on padding; see :mod:`easyr1.workers.packing`). ``compiled`` runs the log-prob and
+    entropy chunks through ``torch.compile`` (:func:`~easyr1.algorithms.logits.compile_allowed`).
     """
     responses = micro_batch["responses"]
     response_length = responses.shape[-1]
     inputs = forward_inputs(micro_batch)
     vision = {key: value for key, value in inputs.items() if key not in _TEXT_INPUTS}
-    keepalive = vision_keepalive(model, model, vision)  # before the forward: see models/vision_tower.py
+    # before the forward: see models/vision_tower.py; on the inputs' device, which FSDP CPU offload does not share
+    keepalive = vision_keepalive(model, model, vision, device=responses.device)
     if padding_free:
         ids, mask, positions = (micro_batch[key] for key in _TEXT_INPUTS)
         logits = packed_response_logits(model, ids, mask, positions, response_length, vision)
@@ -103,8 +108,8 @@ def response_log_probs(
     if bias is not None:
         logits = logits + bias.to(logits.device)
     logits = logits / temperature
-    log_probs = log_probs_from_logits(logits, responses)
-    entropy = entropy_from_logits(logits) if with_entropy else None
+    log_probs = log_probs_from_logits(logits, responses, compiled=compiled)
+    entropy = entropy_from_logits(logits, compiled=compiled) if with_entropy else None
     return log_probs, entropy
 
 
@@ -132,9 +137,9 @@ def micro_batches(batch: Batch, micro_batch_size: int, dynamic: bool) -> list[tu
 
 
 def in_original_order(parts: list[tuple[list[int], torch.Tensor]]) -> torch.Tensor:
-    """Concatenate per-micro-batch outputs and put the rows back in the batch's order."""
+    """Concatenate per-micro-batch outputs on the host and put the rows back in the batch's order."""
     indices = torch.tensor([index for group, _ in parts for index in group])
-    values = torch.cat([value for _, value in parts])
+    values = torch.cat([to_host(value) for _, value in parts])
     return values[torch.argsort(indices)]
 
 
@@ -175,8 +180,12 @@ class Actor:
         lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
         banned_token_ids: list[int] | None = None,
         adapters_disabled: bool = False,
+        device: torch.device | str = "cpu",
     ) -> None:
         self.model = model
+        # the worker's device: each micro-batch is moved here before its forward; results go back to the host
+        self.device = torch.device(device)
+        self.compiled = compile_allowed(config.use_torch_compile, self.device)
         # the LoRA reference policy: the actor's own model with its adapters switched off
         self.adapters_disabled = adapters_disabled
         self.banned_token_ids = list(banned_token_ids or [])
@@ -190,7 +199,7 @@ class Actor:
         self.model.eval()
         with self.model.disable_adapter() if self.adapters_disabled else nullcontext():
             parts = [
-                (rows, self._log_probs(micro, temperature)[0])
+                (rows, self._log_probs(batch_to(micro, self.device), temperature)[0])
                 for rows, micro in micro_batches(batch, micro_batch_size, self.config.dynamic_batching)
             ]
         return in_original_order(parts)
@@ -205,6 +214,7 @@ class Actor:
             with_entropy=with_entropy,
             banned_token_ids=self.banned_token_ids,
             padding_free=self.config.padding_free,
+            compiled=self.compiled,
         )
 
     def update_policy(self, batch: Batch, temperature: float, mini_batch_size: int) -> dict[str, float]:
@@ -243,6 +253,7 @@ class Actor:
         for _, micro in micro_batches(
             mini_batch, config.micro_batch_size_per_device_for_update, config.dynamic_batching
         ):
+            micro = batch_to(micro, self.device)
             micro_mask = micro["response_mask"]
             log_probs, entropy = self._log_probs(micro, temperature, with_entropy=True)
             policy_loss = get_policy_loss(config.loss_type)(

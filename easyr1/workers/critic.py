@@ -19,6 +19,7 @@ from easyr1.algorithms.value_loss import compute_value_loss
 from easyr1.models.vision_tower import vision_keepalive
 from easyr1.protocol import Batch
 from easyr1.workers.actor import clipped_optimizer_step, forward_inputs, global_normalizers
+from easyr1.workers.placement import batch_to, to_host
 
 
 class ValueModel(nn.Module):
@@ -45,7 +46,8 @@ def response_values(model: ValueModel, micro_batch: Batch) -> torch.Tensor:
     """(B, R) values of the states that precede each response token."""
     response_length = micro_batch["responses"].shape[-1]
     inputs = forward_inputs(micro_batch)
-    keepalive = vision_keepalive(model, model.backbone, inputs)  # before the forward: see models/vision_tower.py
+    # before the forward: see models/vision_tower.py; on the inputs' device, which FSDP CPU offload does not share
+    keepalive = vision_keepalive(model, model.backbone, inputs, device=micro_batch["responses"].device)
     values = model(**inputs)[:, -response_length - 1 : -1].float()
     return values if keepalive is None else values + keepalive
 
@@ -53,8 +55,12 @@ def response_values(model: ValueModel, micro_batch: Batch) -> torch.Tensor:
 class Critic:
     """The sharded value model, its optimizer and the clipped value-loss update."""
 
-    def __init__(self, model: ValueModel, config: Any, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(
+        self, model: ValueModel, config: Any, optimizer: torch.optim.Optimizer, device: torch.device | str = "cpu"
+    ) -> None:
         self.model = model
+        # the worker's device: each micro-batch is moved here before its forward; values go back to the host
+        self.device = torch.device(device)
         self.config = config
         self.optimizer = optimizer
 
@@ -62,7 +68,10 @@ class Critic:
     def compute_values(self, batch: Batch, micro_batch_size: int) -> torch.Tensor:
         """(B, R) values of the rollout's response states (masked to 0 outside the response)."""
         self.model.eval()
-        parts = [response_values(self.model, micro) for micro in batch.split(max(micro_batch_size, 1))]
+        parts = [
+            to_host(response_values(self.model, batch_to(micro, self.device)))
+            for micro in batch.split(max(micro_batch_size, 1))
+        ]
         return torch.cat(parts) * batch["response_mask"]
 
     def update(self, batch: Batch, mini_batch_size: int) -> dict[str, float]:
@@ -76,6 +85,7 @@ class Critic:
                 norm = global_normalizers(mini_batch["response_mask"], world_size)
                 sums: dict[str, float] = defaultdict(float)
                 for micro in mini_batch.split(config.micro_batch_size_per_device_for_update):
+                    micro = batch_to(micro, self.device)
                     micro_mask = micro["response_mask"]
                     values = response_values(self.model, micro)
                     loss_mat, metrics = compute_value_loss(

@@ -114,18 +114,21 @@ class HybridWorker(Worker):
             optimizer,
             build_lr_scheduler(optimizer, optim),
             banned_token_ids=self.banned_token_ids,
+            device=self.device,
         )
 
         if not config.algorithm.disable_kl and self.lora_scaling is not None:
             # with LoRA the reference policy is the base model: the actor with its adapters switched off
-            self.ref = Actor(model, actor_config, banned_token_ids=self.banned_token_ids, adapters_disabled=True)
+            self.ref = Actor(
+                model, actor_config, banned_token_ids=self.banned_token_ids, adapters_disabled=True, device=self.device
+            )
         elif not config.algorithm.disable_kl:
             ref_model = load_model(model_config.model_path, dtype, trust_remote_code=model_config.trust_remote_code)
             ref_model.requires_grad_(False)
             shard_model(
                 ref_model.to(self.device), mesh, cpu_offload=config.worker.ref.fsdp.enable_cpu_offload, **mixed
             )
-            self.ref = Actor(ref_model, actor_config, banned_token_ids=self.banned_token_ids)
+            self.ref = Actor(ref_model, actor_config, banned_token_ids=self.banned_token_ids, device=self.device)
 
         if config.algorithm.adv_estimator == "gae":
             self.critic = self._build_critic(dtype, mesh, mixed)
@@ -149,7 +152,7 @@ class HybridWorker(Worker):
         optimizer = torch.optim.AdamW(
             value_model.parameters(), lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay
         )
-        return Critic(value_model, critic_config, optimizer)
+        return Critic(value_model, critic_config, optimizer, device=self.device)
 
     def _build_rollout(self, dtype: torch.dtype):
         config = self.config

@@ -45,7 +45,7 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: to
         packed_positions[0, 0] = _restarting_positions(lengths)
     else:
         packed_positions = _restarting_positions(lengths).unsqueeze(0)
-    offsets = torch.arange(response_length)
+    offsets = torch.arange(response_length, device=input_ids.device)
     response_index = (starts + prompt_lengths - 1).unsqueeze(-1) + offsets  # (B, R)
     response_valid = valid[:, -response_length:] if response_length else valid[:, :0]
     response_index = torch.where(response_valid, response_index, (starts + prompt_lengths - 1).unsqueeze(-1))
@@ -53,8 +53,8 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: to
 
 
 def _restarting_positions(lengths: torch.Tensor) -> torch.Tensor:
-    """``[0..l0-1, 0..l1-1, ...]`` for the given lengths."""
-    return torch.cat([torch.arange(int(length)) for length in lengths])
+    """``[0..l0-1, 0..l1-1, ...]`` for the given lengths, on their device."""
+    return torch.cat([torch.arange(int(length), device=lengths.device) for length in lengths.tolist()])
 
 
 def token_budget_groups(token_counts: list[int], num_groups: int) -> list[list[int]]:
