@@ -36,7 +36,8 @@ MEMORY_SETTINGS = (
 )
 VARIANTS = {
     # actor, reference and critic: three separately loaded models
-    "full": ("algorithm.disable_kl=false", "algorithm.adv_estimator=gae"),
+    # (with adamw_bf16: its bf16 states on 2 ranks, moved by the offload like AdamW's)
+    "full": ("algorithm.disable_kl=false", "algorithm.adv_estimator=gae", "worker.actor.optim.strategy=adamw_bf16"),
     # LoRA: peft wraps the (meta) model before sharding; the reference is the actor without adapters
     "lora": ("algorithm.disable_kl=false", "worker.actor.model.lora.rank=4", "worker.actor.optim.lr=1e-2"),
 }
@@ -80,6 +81,10 @@ class LoadingProbe(HybridWorker):
             if not key.startswith(("perf/", "memory/"))
         }
         result["residency"] = self.residency()
+        result["optimizer"] = (
+            type(self.actor.optimizer).__name__,
+            sorted({str(v.dtype) for s in self.actor.optimizer.state.values() for k, v in s.items() if k != "step"}),
+        )
         return result
 
 
@@ -144,5 +149,7 @@ def test_rank0_init_and_offload_change_nothing_but_memory(variant, tiny_qwen2_5_
     for result in plain["results"]:
         for name, residency in result["residency"].items():
             assert residency["params_on_device"] and residency["moves"] == 0, name
+    expected_optimizer = ("AdamWBf16", ["torch.bfloat16"]) if variant == "full" else ("AdamW", ["torch.float32"])
+    assert all(result["optimizer"] == expected_optimizer for result in plain["results"] + memory["results"])
     if variant == "full":
         assert "enable_cpu_offload is a no-op on a CPU device" in capfd.readouterr().out

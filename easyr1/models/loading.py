@@ -46,13 +46,15 @@ def resolve_dtype(name: str | None, device: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def default_attn_implementation() -> str:
-    """``flash_attention_2`` where it can run (CUDA and the ``flash_attn`` package), else ``sdpa``.
+def default_attn_implementation(compute_dtype: torch.dtype) -> str:
+    """``flash_attention_2`` where it can run (CUDA, the ``flash_attn`` package, a 16-bit compute dtype), else
+    ``sdpa``.
 
     Flash attention handles packed (padding-free) rows as variable-length sequences; SDPA needs a dense
-    block-diagonal mask over the whole packed row.
+    block-diagonal mask over the whole packed row. Flash attention has no fp32 kernels, so fp32 compute keeps SDPA.
     """
-    if torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
+    half = compute_dtype in (torch.bfloat16, torch.float16)
+    if half and torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"
     return "sdpa"
 
@@ -84,7 +86,8 @@ def load_model(
 ) -> PreTrainedModel:
     """Load the weights on CPU in ``dtype``; vision-language or causal LM by config.
 
-    ``attn_implementation`` ``None`` picks :func:`default_attn_implementation`.
+    ``attn_implementation`` ``None`` picks :func:`default_attn_implementation` for ``dtype``; pass it explicitly
+    when the model will compute in another dtype (mixed precision).
     """
     global CHECKPOINT_READS
     config = load_model_config(model_path, trust_remote_code, override_config)
@@ -93,7 +96,7 @@ def load_model(
         model_path,
         config=config,
         dtype=dtype,
-        attn_implementation=attn_implementation or default_attn_implementation(),
+        attn_implementation=attn_implementation or default_attn_implementation(dtype),
         trust_remote_code=trust_remote_code,
     )
 
@@ -116,7 +119,7 @@ def build_empty_model(
         model = _model_class(config).from_config(
             config,
             dtype=dtype,
-            attn_implementation=attn_implementation or default_attn_implementation(),
+            attn_implementation=attn_implementation or default_attn_implementation(dtype),
             trust_remote_code=trust_remote_code,
         )
     # match what from_pretrained returns: eval mode, and the checkpoint's generation config (EOS ids)

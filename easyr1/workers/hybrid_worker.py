@@ -24,7 +24,12 @@ from easyr1.distributed.offload import Residency
 from easyr1.distributed.precision import Precision, resolve_precision
 from easyr1.distributed.worker import Worker, device_type
 from easyr1.logging.perf import memory_metrics, model_flops_utilization, peak_flops
-from easyr1.models.loading import build_empty_model, load_model, load_tokenizer_and_processor
+from easyr1.models.loading import (
+    build_empty_model,
+    default_attn_implementation,
+    load_model,
+    load_tokenizer_and_processor,
+)
 from easyr1.models.lora import adapter_config_of, apply_lora, lora_scaling, merged_weights
 from easyr1.protocol import Batch
 from easyr1.workers.actor import Actor
@@ -166,6 +171,7 @@ class HybridWorker(Worker):
             precision.storage,
             trust_remote_code=model_config.trust_remote_code,
             override_config=model_config.override_config if override else None,
+            attn_implementation=default_attn_implementation(precision.compute),
         )
         model = prepare(model)
         full_state = model.state_dict() if fsdp.enable_rank0_init and dist.get_rank() == 0 else None
