@@ -88,7 +88,8 @@ class LoadingProbe(HybridWorker):
         return result
 
 
-def run_group(config, batch: Batch) -> dict:
+def run_group(config, batch: Batch, checkpoint_dir) -> dict:
+    """Load, report, compute and update once; then save a checkpoint, train on, and load it back."""
     group = WorkerGroup(LoadingProbe, 2, init_args=(config,))
     try:
         group.run_all("init_models")
@@ -96,9 +97,21 @@ def run_group(config, batch: Batch) -> dict:
         initial = group.run_all("full_weights")
         results = group.run_split("experience", batch)
         final = group.run_all("full_weights")
+        group.run_all("save_checkpoint", str(checkpoint_dir))
+        group.run_split("experience", batch)  # moves the weights and optimizer states on
+        group.run_all("load_checkpoint", str(checkpoint_dir))
+        reloaded = group.run_all("full_weights")
+        residency = group.run_all("residency")
     finally:
         group.shutdown()
-    return {"reads": reads, "initial": initial, "results": results, "final": final}
+    return {
+        "reads": reads,
+        "initial": initial,
+        "results": results,
+        "final": final,
+        "reloaded": reloaded,
+        "residency": residency,
+    }
 
 
 def assert_same_weights(left: dict, right: dict) -> None:
@@ -110,12 +123,15 @@ def assert_same_weights(left: dict, right: dict) -> None:
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_rank0_init_and_offload_change_nothing_but_memory(variant, tiny_qwen2_5_vl_dir, tiny_dataset_dir, capfd):
+def test_rank0_init_and_offload_change_nothing_but_memory(
+    variant, tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path, capfd
+):
     start_ray()
     batch = training_batch(tiny_qwen2_5_vl_dir, tiny_dataset_dir, NUM_SAMPLES)
     batch["returns"] = batch["advantages"]  # only read by critic updates, which this test does not run
-    plain = run_group(demo_config(tiny_qwen2_5_vl_dir, tiny_dataset_dir, *VARIANTS[variant]), batch)
-    memory = run_group(demo_config(tiny_qwen2_5_vl_dir, tiny_dataset_dir, *VARIANTS[variant], *MEMORY_SETTINGS), batch)
+    plain = run_group(demo_config(tiny_qwen2_5_vl_dir, tiny_dataset_dir, *VARIANTS[variant]), batch, tmp_path / "a")
+    memory_config = demo_config(tiny_qwen2_5_vl_dir, tiny_dataset_dir, *VARIANTS[variant], *MEMORY_SETTINGS)
+    memory = run_group(memory_config, batch, tmp_path / "b")
 
     models = 1 if variant == "lora" else 3  # the LoRA reference is the actor itself; no critic without gae
     assert plain["reads"] == [models, models]
@@ -149,6 +165,12 @@ def test_rank0_init_and_offload_change_nothing_but_memory(variant, tiny_qwen2_5_
     for result in plain["results"]:
         for name, residency in result["residency"].items():
             assert residency["params_on_device"] and residency["moves"] == 0, name
+    # checkpoints save and load with everything offloaded, and leave it offloaded
+    for group in (plain, memory):
+        assert_same_weights(group["reloaded"][0], group["final"][0])
+    assert all(not state["params_on_device"] for rank in memory["residency"] for state in rank.values())
+    assert all(not rank["actor"]["optimizer_on_device"] for rank in memory["residency"])
+
     expected_optimizer = ("AdamWBf16", ["torch.bfloat16"]) if variant == "full" else ("AdamW", ["torch.float32"])
     assert all(result["optimizer"] == expected_optimizer for result in plain["results"] + memory["results"])
     if variant == "full":
