@@ -84,7 +84,9 @@ def broadcast_full_weights(
     """Fill a sharded model's shards from rank 0's full state dict; collective over every rank.
 
     Rank 0 passes the state dict of its loaded (unsharded) model, taken before sharding; the other ranks pass
-    ``None`` and may hold a model built on the meta device, whose shards are allocated on ``device`` here.
+    ``None`` and may hold a model built on the meta device, whose shards and buffers are allocated on ``device``
+    here (the mesh's device, where ``fully_shard`` put rank 0's buffers; with FSDP's CPU offload policy the
+    shards then move to pinned host memory as FSDP re-registers them).
     Buffers outside the state dict (non-persistent ones such as rotary ``inv_freq``) are copied from rank 0
     as well, so every rank ends up with exactly rank 0's tensors.
     """

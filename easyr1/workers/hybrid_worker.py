@@ -177,7 +177,8 @@ class HybridWorker(Worker):
         full_state = model.state_dict() if fsdp.enable_rank0_init and dist.get_rank() == 0 else None
         shard_model(model, mesh, mp_policy=precision.mixed_precision_policy(), cpu_offload=fsdp.enable_cpu_offload)
         if fsdp.enable_rank0_init:
-            broadcast_full_weights(model, full_state, "cpu" if fsdp.enable_cpu_offload else self.device)
+            # allocated on the mesh's device like rank 0's buffers; FSDP's CPU offload then moves the shards to host
+            broadcast_full_weights(model, full_state, self.device)
         return model
 
     def _build_critic(self, mesh) -> Critic:
