@@ -192,14 +192,22 @@ class FSDPConfig:
     """How a model is sharded with FSDP2."""
 
     enable_full_shard: bool = _option(True, "shard parameters, gradients and optimizer states (false: replicate)")
-    enable_cpu_offload: bool = _option(False, "let FSDP keep parameters on the CPU between uses")
+    enable_cpu_offload: bool = _option(
+        False, "FSDP keeps parameters, gradients and optimizer states in host memory (a no-op on a CPU device)"
+    )
     enable_rank0_init: bool = _option(False, "load weights on rank 0 only and broadcast them")
     torch_dtype: str | None = _option(
-        None, "dtype of the weights: float32 or bfloat16 (null: bf16 on GPU, fp32 on CPU)"
+        None,
+        "dtype of the stored (master) weights, gradients and optimizer states (null: fp32 for actor and critic; "
+        "the reference bf16 on GPU, fp32 on CPU)",
     )
-    mp_param_dtype: str = _option("bf16", "mixed precision: dtype of the parameters in compute")
-    mp_reduce_dtype: str = _option("fp32", "mixed precision: dtype of the gradient reduction")
-    mp_buffer_dtype: str = _option("fp32", "mixed precision: dtype of the buffers")
+    mp_param_dtype: str | None = _option(
+        None, "dtype of the weights and activations in compute (null: bf16 on GPU, torch_dtype on CPU)"
+    )
+    mp_reduce_dtype: str | None = _option(None, "dtype of the gradient reduction (null: fp32)")
+    mp_buffer_dtype: str = _option(
+        "fp32", "dtype of the buffers: fp32 only (FSDP2 does not cast buffers; rotary inv_freq is computed in fp32)"
+    )
     fsdp_size: int = _option(-1, "workers per FSDP shard group (-1: all workers)")
 
 
@@ -207,8 +215,10 @@ class FSDPConfig:
 class OffloadConfig:
     """What is moved to the CPU while the rollout engine runs."""
 
-    offload_params: bool = _option(False, "move parameters to the CPU between updates")
-    offload_optimizer: bool = _option(False, "move optimizer states to the CPU between updates")
+    offload_params: bool = _option(
+        False, "keep parameters (and gradients) in host memory between the phases that use them"
+    )
+    offload_optimizer: bool = _option(False, "keep optimizer states in host memory between updates")
 
 
 @dataclass
@@ -233,7 +243,7 @@ class ActorConfig:
     dynamic_batching: bool = _option(
         False, "micro-batches of near-equal token count, as many as micro_batch_size full-length rows would need"
     )
-    ulysses_size: int = _option(1, "Ulysses sequence-parallel group size")
+    ulysses_size: int = _option(1, "Ulysses sequence-parallel group size: only 1 (not implemented)")
     use_torch_compile: bool = _option(False, "compile the log-prob computation with torch.compile")
     entropy_coeff: float = _option(0.0, "weight of the entropy bonus in the policy loss")
     tau_positive: float = _option(1.0, "SAPO gate temperature for tokens with a non-negative advantage")
@@ -821,11 +831,21 @@ def _check_names(config: PPOConfig, problems: list[str]) -> None:
     _one_of(problems, "worker.actor.optim.lr_scheduler_type", actor.optim.lr_scheduler_type, LR_SCHEDULERS)
     _one_of(problems, "worker.rollout.name", rollout.name, ROLLOUT_ENGINES)
     _one_of(problems, "worker.rollout.dtype", rollout.dtype, DTYPE_NAMES)
-    for section, value in (("worker.actor.fsdp", fsdp), ("worker.ref.fsdp", config.worker.ref.fsdp)):
-        if value.torch_dtype is not None:
-            _one_of(problems, f"{section}.torch_dtype", value.torch_dtype, DTYPE_NAMES)
-        for name in ("mp_param_dtype", "mp_reduce_dtype", "mp_buffer_dtype"):
-            _one_of(problems, f"{section}.{name}", getattr(value, name), DTYPE_NAMES)
+    fsdp_sections = (
+        ("worker.actor.fsdp", fsdp),
+        ("worker.ref.fsdp", config.worker.ref.fsdp),
+        ("worker.critic.fsdp", config.worker.critic.fsdp),
+    )
+    for section, value in fsdp_sections:
+        for name in ("torch_dtype", "mp_param_dtype", "mp_reduce_dtype"):
+            if getattr(value, name) is not None:
+                _one_of(problems, f"{section}.{name}", getattr(value, name), DTYPE_NAMES)
+        if value.mp_buffer_dtype not in ("fp32", "float32"):
+            problems.append(
+                f"{section}.mp_buffer_dtype={value.mp_buffer_dtype!r} cannot act: FSDP2 does not cast buffers, and "
+                "the models' floating buffers (rotary inv_freq) are computed in fp32; set it to fp32 (or leave it "
+                "out) and choose the compute dtype with mp_param_dtype"
+            )
     if config.worker.reward.reward_type is not None:
         _one_of(problems, "worker.reward.reward_type", config.worker.reward.reward_type, REWARD_TYPES)
     _one_of(problems, "trainer.device", config.trainer.device, DEVICES)
@@ -919,13 +939,19 @@ def _check_sizes(config: PPOConfig, num_workers: int | None, problems: list[str]
                 f"that divides {per_worker} (e.g. {_largest_divisor_up_to(per_worker, micro)})"
             )
 
-    for key in ("worker.rollout.tensor_parallel_size", "worker.actor.ulysses_size"):
-        size = _get_key(config, key)
-        if size >= 1 and workers % size:
-            problems.append(
-                f"{key}={size} does not divide {who}: every group needs all its members; use a size that divides "
-                f"{workers}"
-            )
+    size = rollout.tensor_parallel_size
+    if size >= 1 and workers % size:
+        problems.append(
+            f"worker.rollout.tensor_parallel_size={size} does not divide {who}: every group needs all its members; "
+            f"use a size that divides {workers}"
+        )
+    if actor.ulysses_size > 1:
+        problems.append(
+            f"worker.actor.ulysses_size={actor.ulysses_size}: Ulysses sequence parallelism is not implemented; set "
+            "ulysses_size=1 and fit long sequences with worker.actor.padding_free=true, smaller "
+            "micro_batch_size_per_device_for_update / _for_experience, and "
+            "worker.actor.model.enable_gradient_checkpointing=true"
+        )
     nodes, per_node, tp = config.trainer.nnodes, config.trainer.n_gpus_per_node, rollout.tensor_parallel_size
     if nodes > 1 and per_node >= 1 and tp >= 1 and per_node % tp:
         problems.append(
@@ -1076,12 +1102,7 @@ def to_yaml(config: PPOConfig) -> str:
 
 
 # Settings this version accepts (so EasyR1 configs load) but does not act on yet, with their neutral values.
-_NOT_YET_ACTIVE: dict[str, Any] = {
-    "worker.actor.ulysses_size": 1,
-    "worker.actor.fsdp.enable_rank0_init": False,
-    "worker.actor.offload.offload_params": False,
-    "worker.actor.offload.offload_optimizer": False,
-}
+_NOT_YET_ACTIVE: dict[str, Any] = {}  # none at present; kept so a newly accepted key can be declared here
 
 
 def inactive_settings(config: PPOConfig) -> list[str]:

@@ -83,7 +83,7 @@ def test_defaults_follow_easyr1():
     assert (actor.global_batch_size, actor.micro_batch_size_per_device_for_update) == (256, 4)
     assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.clip_ratio_dual) == (0.2, 0.3, 3.0)
     assert (actor.optim.lr, actor.optim.betas, actor.optim.weight_decay) == (1e-6, (0.9, 0.999), 1e-2)
-    assert (actor.fsdp.torch_dtype, actor.fsdp.mp_param_dtype) == (None, "bf16")
+    assert (actor.fsdp.torch_dtype, actor.fsdp.mp_param_dtype) == (None, None)
     assert (config.worker.rollout.n, config.worker.rollout.tensor_parallel_size) == (5, 2)
     assert config.trainer.logger == ["console", "file"]
     assert (config.trainer.n_gpus_per_node, config.trainer.project_name, config.trainer.device) == (

@@ -2,6 +2,9 @@
 
 The blocks to shard are the classes a Hugging Face model lists in ``_no_split_modules`` (decoder
 layers and vision blocks for Qwen-VL), so any HF model is sharded the same way without per-model code.
+Also here: filling the shards of a model built on the meta device from rank 0's full weights
+(:func:`broadcast_full_weights`), and the full weights one FSDP group at a time for the weight sync
+(:func:`gathered_parameters`).
 """
 
 from __future__ import annotations
@@ -12,9 +15,13 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
+
+
+_cpu_offload_notice_printed = False
 
 
 def data_parallel_mesh(device_type: str) -> DeviceMesh:
@@ -22,26 +29,39 @@ def data_parallel_mesh(device_type: str) -> DeviceMesh:
     return init_device_mesh(device_type, (dist.get_world_size(),), mesh_dim_names=("fsdp",))
 
 
+def _cpu_offload_policy(mesh: DeviceMesh) -> CPUOffloadPolicy | None:
+    """FSDP's CPU offload on an accelerator; on a CPU device ``None`` (everything already lives in host memory,
+    and the policy's pinned memory needs an accelerator), with one notice per process."""
+    global _cpu_offload_notice_printed
+    if mesh.device_type != "cpu":
+        return CPUOffloadPolicy()
+    if not _cpu_offload_notice_printed:
+        _cpu_offload_notice_printed = True
+        print("easyr1: fsdp.enable_cpu_offload is a no-op on a CPU device: the weights already live in host memory")
+    return None
+
+
 def shard_model(
     model: nn.Module,
     mesh: DeviceMesh,
     *,
-    param_dtype: torch.dtype | None = None,
-    reduce_dtype: torch.dtype | None = None,
+    mp_policy: MixedPrecisionPolicy | None = None,
     cpu_offload: bool = False,
     reshard_after_forward: bool = True,
 ) -> nn.Module:
     """Apply ``fully_shard`` to each decoder block named in ``model._no_split_modules``, then to the whole model.
 
-    ``param_dtype`` enables mixed precision (compute in that dtype, keep fp32 master weights); leave it
-    ``None`` to compute in the parameters' own dtype.
+    ``mp_policy`` enables mixed precision (see :mod:`easyr1.distributed.precision`). The model may be on the CPU
+    or on the meta device: FSDP2 moves each rank's shards to the mesh's device (the host with ``cpu_offload``),
+    so the whole model is never on the device at once.
     """
     block_names = set(getattr(model, "_no_split_modules", None) or [])
     kwargs = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
-    if param_dtype is not None:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    if cpu_offload:
-        kwargs["offload_policy"] = CPUOffloadPolicy()
+    if mp_policy is not None:
+        kwargs["mp_policy"] = mp_policy
+    offload_policy = _cpu_offload_policy(mesh) if cpu_offload else None
+    if offload_policy is not None:
+        kwargs["offload_policy"] = offload_policy
     # The vision tower stays in the root unit: gathered once per forward however often it runs (a Qwen-VL forward
     # runs it once for images, once for videos, not at all for text), so ranks with different mixes of rows issue
     # the same collectives. See models/vision_tower.py for the other half (every vision weight gets a gradient).
@@ -58,21 +78,87 @@ def shard_model(
     return model
 
 
-@contextmanager
-def gathered_parameters(model: nn.Module) -> Iterator[Iterator[tuple[str, torch.Tensor]]]:
-    """The model's full parameters, gathered with one all-gather per FSDP group, resharded on exit.
+def broadcast_full_weights(
+    model: nn.Module, full_state_dict: dict[str, torch.Tensor] | None, device: torch.device | str
+) -> None:
+    """Fill a sharded model's shards from rank 0's full state dict; collective over every rank.
 
-    Yields an iterator of ``(name, tensor)`` with Hugging Face parameter names. Much cheaper than gathering the
-    state dict tensor by tensor (one collective per parameter).
+    Rank 0 passes the state dict of its loaded (unsharded) model, taken before sharding; the other ranks pass
+    ``None`` and may hold a model built on the meta device, whose shards and buffers are allocated on ``device``
+    here (the mesh's device, where ``fully_shard`` put rank 0's buffers; with FSDP's CPU offload policy the
+    shards then move to pinned host memory as FSDP re-registers them).
+    Buffers outside the state dict (non-persistent ones such as rotary ``inv_freq``) are copied from rank 0
+    as well, so every rank ends up with exactly rank 0's tensors.
     """
-    groups = [module for module in model.modules() if isinstance(module, FSDPModule)]
-    for group in groups:
+    rank = dist.get_rank()
+    if rank != 0 and full_state_dict:
+        raise ValueError("only rank 0 passes the full state dict")
+    if any(tensor.is_meta for tensor in [*model.parameters(), *model.buffers()]):
+        model.to_empty(device=device)
+    set_model_state_dict(
+        model,
+        full_state_dict if rank == 0 else {},
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+    )
+    persistent = set(model.state_dict().keys())
+    for name, buffer in model.named_buffers():
+        if name not in persistent:
+            dist.broadcast(buffer, src=0)
+
+
+def _groups_and_their_parameters(model: nn.Module) -> list[tuple[FSDPModule, list[tuple[str, nn.Module, str]]]]:
+    """Every FSDP group of ``model`` with the parameters it manages (those not inside a nested group), as
+    ``(name in model.named_parameters(), owning module, attribute name)``; groups in the order their first
+    parameter appears. The attribute is read when needed: unsharding registers new parameter objects."""
+    owners: dict[str, FSDPModule | None] = {}  # module name -> the FSDP group that manages its own parameters
+    for name, module in model.named_modules():
+        if isinstance(module, FSDPModule):
+            owners[name] = module
+        else:
+            owners[name] = owners.get(name.rpartition(".")[0]) if name else None
+    grouped: dict[int, tuple[FSDPModule, list[tuple[str, nn.Module, str]]]] = {}
+    seen: set[int] = set()  # a tied parameter keeps its first name, as in named_parameters()
+    for module_name, module in model.named_modules():
+        group = owners[module_name]
+        for param_name, param in module.named_parameters(recurse=False):
+            if id(param) in seen:
+                continue
+            seen.add(id(param))
+            full_name = f"{module_name}.{param_name}" if module_name else param_name
+            if group is None:
+                raise ValueError(f"parameter {full_name} is in no FSDP group: shard the model first")
+            grouped.setdefault(id(group), (group, []))[1].append((full_name, module, param_name))
+    return list(grouped.values())
+
+
+def _full_parameters(model: nn.Module, master_weights: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    for group, parameters in _groups_and_their_parameters(model):
+        if master_weights:  # the sharded (storage-dtype) values, gathered parameter by parameter
+            yield from [(name, full_tensor(getattr(module, attr).detach())) for name, module, attr in parameters]
+            continue
         group.unshard()
-    try:
-        yield ((name, param.detach()) for name, param in model.named_parameters())
-    finally:
-        for group in groups:
+        try:
+            # copies: resharding frees the unsharded storage that the parameters are views of
+            unsharded = [(name, getattr(module, attr).detach().clone()) for name, module, attr in parameters]
+        finally:
             group.reshard()
+        yield from unsharded
+
+
+@contextmanager
+def gathered_parameters(
+    model: nn.Module, *, master_weights: bool = False
+) -> Iterator[Iterator[tuple[str, torch.Tensor]]]:
+    """The model's full parameters, one FSDP group at a time: unshard a group, copy its own parameters, reshard.
+
+    Yields an iterator of ``(name, tensor)`` with Hugging Face parameter names (every rank iterates it to the
+    end: each group's unshard is a collective). The values are in the compute dtype of the model's mixed
+    precision policy (the storage dtype without one); with ``master_weights`` they are the stored master
+    weights, gathered parameter by parameter (e.g. fp32 to fold LoRA adapters before casting). At most one
+    group is gathered at a time, so the peak is one group's full weights plus what the consumer keeps, never
+    the whole model at once.
+    """
+    yield _full_parameters(model, master_weights)
 
 
 def full_tensor(value: torch.Tensor) -> torch.Tensor:

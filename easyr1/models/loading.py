@@ -1,7 +1,14 @@
-"""Load Hugging Face models, tokenizers and processors for training and rollout."""
+"""Load Hugging Face models, tokenizers and processors for training and rollout.
+
+:func:`load_model` reads a checkpoint on the CPU; :func:`build_empty_model` builds the same architecture with
+its parameters on the meta device (no memory, no checkpoint read), for ranks that receive their weights from
+rank 0 after sharding (``fsdp.enable_rank0_init``). :data:`CHECKPOINT_READS` counts the checkpoint reads of this
+process, so tests can show that such a rank never read one.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import torch
@@ -11,6 +18,7 @@ from transformers import (
     AutoModelForImageTextToText,
     AutoProcessor,
     AutoTokenizer,
+    GenerationConfig,
     PretrainedConfig,
     PreTrainedModel,
 )
@@ -25,6 +33,9 @@ DTYPES = {
     "fp16": torch.float16,
 }
 
+# How many times this process has read a model checkpoint (from_pretrained) through load_model.
+CHECKPOINT_READS = 0
+
 
 def resolve_dtype(name: str | None, device: str) -> torch.dtype:
     """Parse a dtype name; ``None`` means bf16 on GPU and fp32 on CPU (bf16 matmuls are slow on most CPUs)."""
@@ -33,6 +44,19 @@ def resolve_dtype(name: str | None, device: str) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; use one of {sorted(DTYPES)}")
     return DTYPES[name]
+
+
+def default_attn_implementation(compute_dtype: torch.dtype) -> str:
+    """``flash_attention_2`` where it can run (CUDA, the ``flash_attn`` package, a 16-bit compute dtype), else
+    ``sdpa``.
+
+    Flash attention handles packed (padding-free) rows as variable-length sequences; SDPA needs a dense
+    block-diagonal mask over the whole packed row. Flash attention has no fp32 kernels, so fp32 compute keeps SDPA.
+    """
+    half = compute_dtype in (torch.bfloat16, torch.float16)
+    if half and torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
 
 
 def is_vision_language(config: PretrainedConfig) -> bool:
@@ -48,19 +72,62 @@ def load_model_config(model_path: str, trust_remote_code: bool = False, override
     return config
 
 
+def _model_class(config: PretrainedConfig) -> type:
+    return AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
+
+
 def load_model(
     model_path: str,
     dtype: torch.dtype,
     *,
     trust_remote_code: bool = False,
     override_config: dict[str, Any] | None = None,
+    attn_implementation: str | None = None,
 ) -> PreTrainedModel:
-    """Load the weights on CPU in ``dtype`` with sdpa attention; vision-language or causal LM by config."""
+    """Load the weights on CPU in ``dtype``; vision-language or causal LM by config.
+
+    ``attn_implementation`` ``None`` picks :func:`default_attn_implementation` for ``dtype``; pass it explicitly
+    when the model will compute in another dtype (mixed precision).
+    """
+    global CHECKPOINT_READS
     config = load_model_config(model_path, trust_remote_code, override_config)
-    model_cls = AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
-    model = model_cls.from_pretrained(
-        model_path, config=config, dtype=dtype, attn_implementation="sdpa", trust_remote_code=trust_remote_code
+    CHECKPOINT_READS += 1
+    return _model_class(config).from_pretrained(
+        model_path,
+        config=config,
+        dtype=dtype,
+        attn_implementation=attn_implementation or default_attn_implementation(dtype),
+        trust_remote_code=trust_remote_code,
     )
+
+
+def build_empty_model(
+    model_path: str,
+    dtype: torch.dtype,
+    *,
+    trust_remote_code: bool = False,
+    override_config: dict[str, Any] | None = None,
+    attn_implementation: str | None = None,
+) -> PreTrainedModel:
+    """The architecture :func:`load_model` would return, every parameter and buffer on the meta device.
+
+    Only ``config.json`` is read. The tensors take no memory and hold no values: shard the model, then
+    allocate the shards and fill them from rank 0 (:func:`easyr1.distributed.fsdp.broadcast_full_weights`).
+    """
+    config = load_model_config(model_path, trust_remote_code, override_config)
+    with torch.device("meta"):
+        model = _model_class(config).from_config(
+            config,
+            dtype=dtype,
+            attn_implementation=attn_implementation or default_attn_implementation(dtype),
+            trust_remote_code=trust_remote_code,
+        )
+    # match what from_pretrained returns: eval mode, and the checkpoint's generation config (EOS ids)
+    model.eval()
+    try:
+        model.generation_config = GenerationConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    except OSError:  # no generation_config.json: from_pretrained keeps the one derived from the config too
+        pass
     return model
 
 

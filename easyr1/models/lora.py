@@ -45,30 +45,45 @@ def lora_scaling(adapter_config: dict[str, Any]) -> float:
 
 
 _LORA_PART = re.compile(rf"\.lora_(A|B)\.{ADAPTER}\.weight$")
+_BASE_WEIGHT = re.compile(r"\.base_layer\.weight$")
+
+
+def _plain_name(name: str) -> str:
+    return name.removeprefix(PEFT_PREFIX).replace(".base_layer.", ".")
 
 
 def merged_weights(
-    named_tensors: Iterable[tuple[str, torch.Tensor]], scaling: float
+    named_tensors: Iterable[tuple[str, torch.Tensor]], scaling: float, dtype: torch.dtype | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Plain Hugging Face ``(name, tensor)`` pairs from a peft model's full weights, adapters folded in.
 
     ``base_model.model.X.base_layer.weight`` + ``X.lora_A/B.default.weight`` -> ``X.weight = W + scaling * B @ A``;
-    other names lose the peft prefix. Tensors must be full (gathered), not shards.
+    other names lose the peft prefix. Tensors must be full (gathered), not shards. The fold is computed in
+    float64 from the given (master) values and only the result is cast to ``dtype`` (``None``: the base weight's
+    dtype), so a small adapter update is not rounded away by a bf16 base weight. Streams: a layer is yielded as
+    soon as its base weight and both adapters have arrived, so only the layers in flight are held.
     """
-    tensors = dict(named_tensors)
-    for name, value in tensors.items():
-        if _LORA_PART.search(name):
+    pending: dict[str, dict[str, torch.Tensor]] = {}  # module name -> {"base"/"A"/"B": tensor}
+    for name, value in named_tensors:
+        lora_part = _LORA_PART.search(name)
+        if lora_part:
+            module, part = name[: lora_part.start()], lora_part.group(1)
+        elif _BASE_WEIGHT.search(name):
+            module, part = name.rsplit(".base_layer.", 1)[0], "base"
+        else:
+            yield _plain_name(name), value if dtype is None else value.to(dtype)
             continue
-        plain = name.removeprefix(PEFT_PREFIX)
-        if ".base_layer." in plain:
-            module = name.rsplit(".base_layer.", 1)[0]
-            plain = plain.replace(".base_layer.", ".")
-            lora_a = tensors.get(f"{module}.lora_A.{ADAPTER}.weight")
-            lora_b = tensors.get(f"{module}.lora_B.{ADAPTER}.weight")
-            if name.endswith(".weight") and lora_a is not None and lora_b is not None:
-                delta = (lora_b.double() @ lora_a.double()) * scaling
-                value = (value.double() + delta).to(value.dtype)
-        yield plain, value
+        parts = pending.setdefault(module, {})
+        parts[part] = value
+        if len(parts) == 3:
+            del pending[module]
+            base = parts["base"]
+            delta = (parts["B"].double() @ parts["A"].double()) * scaling
+            yield f"{_plain_name(module)}.weight", (base.double() + delta).to(dtype or base.dtype)
+    for module, parts in pending.items():  # a base layer whose adapters are absent: the plain weight
+        if "base" in parts:
+            base = parts["base"]
+            yield f"{_plain_name(module)}.weight", base if dtype is None else base.to(dtype)
 
 
 def adapter_config_of(model: nn.Module) -> dict[str, Any] | None:

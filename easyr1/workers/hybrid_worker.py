@@ -9,22 +9,32 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import transformers
+from torch import nn
 
 from easyr1.checkpoint.sharded import load_component, save_component, save_hf_metadata
-from easyr1.distributed.fsdp import data_parallel_mesh, gathered_parameters, shard_model
+from easyr1.distributed.fsdp import broadcast_full_weights, data_parallel_mesh, gathered_parameters, shard_model
+from easyr1.distributed.offload import Residency
+from easyr1.distributed.precision import Precision, resolve_precision
 from easyr1.distributed.worker import Worker, device_type
 from easyr1.logging.perf import memory_metrics, model_flops_utilization, peak_flops
-from easyr1.models.loading import load_model, load_tokenizer_and_processor, resolve_dtype
+from easyr1.models.loading import (
+    build_empty_model,
+    default_attn_implementation,
+    load_model,
+    load_tokenizer_and_processor,
+)
 from easyr1.models.lora import adapter_config_of, apply_lora, lora_scaling, merged_weights
 from easyr1.protocol import Batch
 from easyr1.workers.actor import Actor
 from easyr1.workers.critic import Critic, ValueModel
+from easyr1.workers.optim import build_optimizer
 from easyr1.workers.rollout.base import SamplingSettings
 
 
@@ -55,6 +65,10 @@ class HybridWorker(Worker):
         self.critic: Critic | None = None
         self.rollout = None
         self.weights_stale = True
+        # where each model's state lives between phases (worker.*.offload); see distributed/offload.py
+        self.actor_residency: Residency | None = None
+        self.ref_residency: Residency | None = None
+        self.critic_residency: Residency | None = None
 
     # ----------------------------------------------------------------------------------------------- set-up
     def init_models(self) -> None:
@@ -64,43 +78,30 @@ class HybridWorker(Worker):
         model_config = actor_config.model
         self.device = device_type(config.trainer.device)
         transformers.utils.logging.disable_progress_bar()  # one bar per worker per load is noise
-        dtype = resolve_dtype(actor_config.fsdp.torch_dtype, self.device)
+        self.precision = resolve_precision(actor_config.fsdp, self.device, "actor")
         torch.manual_seed(config.trainer.seed)
         mesh = data_parallel_mesh(self.device)
-        mixed = {}
-        if self.device == "cuda" and dtype == torch.float32:
-            mixed = {
-                "param_dtype": resolve_dtype(actor_config.fsdp.mp_param_dtype, self.device),
-                "reduce_dtype": resolve_dtype(actor_config.fsdp.mp_reduce_dtype, self.device),
-            }
 
         self.tokenizer, self.processor = load_tokenizer_and_processor(
             model_config.tokenizer_path, model_config.trust_remote_code
         )
-        model = load_model(
-            model_config.model_path,
-            dtype,
-            trust_remote_code=model_config.trust_remote_code,
-            override_config=model_config.override_config,
-        ).to(self.device)
-        if model_config.enable_gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if model_config.freeze_vision_tower:
-            for name, param in model.named_parameters():
-                if ".visual." in f".{name}":
-                    param.requires_grad_(False)
         self.lora_scaling = None
-        if model_config.lora.rank > 0:
-            model = apply_lora(model, model_config.lora)
-            self.lora_scaling = lora_scaling(adapter_config_of(model))
-        shard_model(model, mesh, cpu_offload=actor_config.fsdp.enable_cpu_offload, **mixed)
+
+        def prepare_actor(model: nn.Module) -> nn.Module:
+            if model_config.enable_gradient_checkpointing:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if model_config.freeze_vision_tower:
+                for name, param in model.named_parameters():
+                    if ".visual." in f".{name}":
+                        param.requires_grad_(False)
+            if model_config.lora.rank > 0:
+                model = apply_lora(model, model_config.lora)
+                self.lora_scaling = lora_scaling(adapter_config_of(model))
+            return model
+
+        model = self._sharded_model(model_config, actor_config.fsdp, self.precision, mesh, prepare_actor)
         optim = actor_config.optim
-        optimizer = torch.optim.AdamW(
-            [param for param in model.parameters() if param.requires_grad],
-            lr=optim.lr,
-            betas=tuple(optim.betas),
-            weight_decay=optim.weight_decay,
-        )
+        optimizer = build_optimizer((param for param in model.parameters() if param.requires_grad), optim)
         # Vision placeholders must never be sampled (see actor.BANNED_TOKEN_BIAS).
         hf_config = model.config
         self.banned_token_ids = [
@@ -116,43 +117,94 @@ class HybridWorker(Worker):
             banned_token_ids=self.banned_token_ids,
             device=self.device,
         )
+        self.actor_residency = Residency(
+            model,
+            optimizer,
+            self.device,
+            offload_params=actor_config.offload.offload_params,
+            offload_optimizer=actor_config.offload.offload_optimizer,
+        )
 
+        ref_config = config.worker.ref
         if not config.algorithm.disable_kl and self.lora_scaling is not None:
             # with LoRA the reference policy is the base model: the actor with its adapters switched off
             self.ref = Actor(
                 model, actor_config, banned_token_ids=self.banned_token_ids, adapters_disabled=True, device=self.device
             )
+            self.ref_residency = self.actor_residency  # the same weights, so the same moves
         elif not config.algorithm.disable_kl:
-            ref_model = load_model(model_config.model_path, dtype, trust_remote_code=model_config.trust_remote_code)
-            ref_model.requires_grad_(False)
-            shard_model(
-                ref_model.to(self.device), mesh, cpu_offload=config.worker.ref.fsdp.enable_cpu_offload, **mixed
-            )
+            ref_precision = resolve_precision(ref_config.fsdp, self.device, "ref")
+
+            def freeze(ref_model: nn.Module) -> nn.Module:
+                return ref_model.requires_grad_(False)
+
+            ref_model = self._sharded_model(model_config, ref_config.fsdp, ref_precision, mesh, freeze, override=False)
             self.ref = Actor(ref_model, actor_config, banned_token_ids=self.banned_token_ids, device=self.device)
+            self.ref_residency = Residency(
+                ref_model, None, self.device, offload_params=ref_config.offload.offload_params, offload_optimizer=False
+            )
 
         if config.algorithm.adv_estimator == "gae":
-            self.critic = self._build_critic(dtype, mesh, mixed)
-        self.rollout = self._build_rollout(dtype)
+            self.critic = self._build_critic(mesh)
+        for residency in (self.actor_residency, self.ref_residency, self.critic_residency):
+            if residency is not None:
+                residency.release()  # off the device before the engine claims its memory
+        self.rollout = self._build_rollout(self.precision.compute)
 
-    def _build_critic(self, dtype: torch.dtype, mesh, mixed: dict) -> Critic:
+    def _sharded_model(
+        self,
+        model_config: Any,
+        fsdp: Any,
+        precision: Precision,
+        mesh,
+        prepare: Callable[[nn.Module], nn.Module],
+        *,
+        override: bool = True,
+    ) -> nn.Module:
+        """Load ``model_config``'s model in ``precision.storage``, ``prepare`` it (wrappers, frozen parts), shard it.
+
+        With ``fsdp.enable_rank0_init`` only rank 0 reads the checkpoint; the other ranks build the model on the
+        meta device and receive rank 0's weights into their shards after sharding. Either way the whole model is
+        never moved to the device: FSDP2 moves each rank's shards.
+        """
+        rank0_init = fsdp.enable_rank0_init and dist.get_rank() != 0
+        loader = build_empty_model if rank0_init else load_model
+        model = loader(
+            model_config.model_path,
+            precision.storage,
+            trust_remote_code=model_config.trust_remote_code,
+            override_config=model_config.override_config if override else None,
+            attn_implementation=default_attn_implementation(precision.compute),
+        )
+        model = prepare(model)
+        full_state = model.state_dict() if fsdp.enable_rank0_init and dist.get_rank() == 0 else None
+        shard_model(model, mesh, mp_policy=precision.mixed_precision_policy(), cpu_offload=fsdp.enable_cpu_offload)
+        if fsdp.enable_rank0_init:
+            # allocated on the mesh's device like rank 0's buffers; FSDP's CPU offload then moves the shards to host
+            broadcast_full_weights(model, full_state, self.device)
+        return model
+
+    def _build_critic(self, mesh) -> Critic:
         """The value model: the critic's checkpoint (the actor's by default) with a zero-initialised value head."""
         critic_config = self.config.worker.critic
         model_config = critic_config.model
-        language_model = load_model(
-            model_config.model_path,
-            dtype,
-            trust_remote_code=model_config.trust_remote_code,
-            override_config=model_config.override_config,
+        precision = resolve_precision(critic_config.fsdp, self.device, "critic")
+
+        def value_model(language_model: nn.Module) -> nn.Module:
+            if model_config.enable_gradient_checkpointing:
+                language_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            return ValueModel(language_model)
+
+        model = self._sharded_model(model_config, critic_config.fsdp, precision, mesh, value_model)
+        optimizer = build_optimizer(model.parameters(), critic_config.optim)
+        self.critic_residency = Residency(
+            model,
+            optimizer,
+            self.device,
+            offload_params=critic_config.offload.offload_params,
+            offload_optimizer=critic_config.offload.offload_optimizer,
         )
-        if model_config.enable_gradient_checkpointing:
-            language_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        value_model = ValueModel(language_model).to(self.device)
-        shard_model(value_model, mesh, cpu_offload=critic_config.fsdp.enable_cpu_offload, **mixed)
-        optim = critic_config.optim
-        optimizer = torch.optim.AdamW(
-            value_model.parameters(), lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay
-        )
-        return Critic(value_model, critic_config, optimizer, device=self.device)
+        return Critic(model, critic_config, optimizer, device=self.device)
 
     def _build_rollout(self, dtype: torch.dtype):
         config = self.config
@@ -199,13 +251,19 @@ class HybridWorker(Worker):
 
     # --------------------------------------------------------------------------------------------- per step
     def sync_rollout_weights(self) -> float:
-        """Gather the actor's full weights and load them into the engine; returns the seconds it took."""
+        """Gather the actor's full weights and load them into the engine; returns the seconds it took.
+
+        The weights go one FSDP group at a time, in the actor's compute dtype; with LoRA the adapters are folded
+        into the stored (fp32) master weights first and the result cast to the compute dtype.
+        """
         start = time.perf_counter()
         # Every rank runs its own engine, so every rank gathers the whole model.
-        with gathered_parameters(self.actor.model) as named_parameters:
-            if self.lora_scaling is not None:  # the engine gets plain weights with the adapters folded in
-                named_parameters = merged_weights(named_parameters, self.lora_scaling)
-            self.rollout.sync_weights(named_parameters)
+        with self.actor_residency.on_device():
+            lora = self.lora_scaling is not None
+            with gathered_parameters(self.actor.model, master_weights=lora) as named_parameters:
+                if lora:  # the engine gets plain weights with the adapters folded in
+                    named_parameters = merged_weights(named_parameters, self.lora_scaling, self.precision.compute)
+                self.rollout.sync_weights(named_parameters)
         self.weights_stale = False
         return time.perf_counter() - start
 
@@ -226,12 +284,14 @@ class HybridWorker(Worker):
     def compute_old_log_probs(self, batch: Batch, temperature: float) -> Batch:
         """The current policy's log-probs of the sampled responses (the PPO ratio's denominator)."""
         micro = self.config.worker.actor.micro_batch_size_per_device_for_experience
-        return Batch(tensors={"old_log_probs": self.actor.compute_log_probs(batch, temperature, micro)})
+        with self.actor_residency.on_device():
+            return Batch(tensors={"old_log_probs": self.actor.compute_log_probs(batch, temperature, micro)})
 
     def compute_ref_log_probs(self, batch: Batch, temperature: float) -> Batch:
         """The reference policy's log-probs of the sampled responses."""
         micro = self.config.worker.ref.micro_batch_size_per_device_for_experience
-        return Batch(tensors={"ref_log_probs": self.ref.compute_log_probs(batch, temperature, micro)})
+        with self.ref_residency.on_device():
+            return Batch(tensors={"ref_log_probs": self.ref.compute_log_probs(batch, temperature, micro)})
 
     def has_reference_model(self) -> bool:
         """Whether this rank loaded a reference model (not with ``algorithm.disable_kl``)."""
@@ -240,16 +300,19 @@ class HybridWorker(Worker):
     def compute_values(self, batch: Batch) -> Batch:
         """The critic's values of the response states (PPO with GAE)."""
         micro = self.config.worker.critic.micro_batch_size_per_device_for_experience
-        return Batch(tensors={"values": self.critic.compute_values(batch, micro)})
+        with self.critic_residency.on_device():
+            return Batch(tensors={"values": self.critic.compute_values(batch, micro)})
 
     def update_critic(self, batch: Batch, mini_batch_size: int) -> dict[str, float]:
         """One clipped value-regression update on this rank's share."""
-        return self.critic.update(batch, mini_batch_size)
+        with self.critic_residency.on_device(optimizer=True):
+            return self.critic.update(batch, mini_batch_size)
 
     def update_actor(self, batch: Batch, temperature: float, mini_batch_size: int) -> dict[str, float]:
         """One policy update on this rank's share; the engine's weights are stale afterwards."""
         start = time.perf_counter()
-        metrics = self.actor.update_policy(batch, temperature, mini_batch_size)
+        with self.actor_residency.on_device(optimizer=True):
+            metrics = self.actor.update_policy(batch, temperature, mini_batch_size)
         seconds = time.perf_counter() - start
         self.weights_stale = True
         metrics.update(memory_metrics())
@@ -268,17 +331,37 @@ class HybridWorker(Worker):
         Rank 0 also writes the Hugging Face metadata (config, tokenizer, processor) next to the actor's shards.
         """
         actor_dir = Path(step_dir) / "actor"
-        save_component(actor_dir, self.actor.model, self.actor.optimizer, self.actor.lr_scheduler, model_only)
+        with self.actor_residency.on_device(optimizer=True):
+            save_component(actor_dir, self.actor.model, self.actor.optimizer, self.actor.lr_scheduler, model_only)
         if dist.get_rank() == 0:
             save_hf_metadata(actor_dir, self.actor.model, self.tokenizer, self.processor)
         if self.critic is not None:
-            save_component(Path(step_dir) / "critic", self.critic.model, self.critic.optimizer, None, model_only)
+            with self.critic_residency.on_device(optimizer=True):
+                save_component(Path(step_dir) / "critic", self.critic.model, self.critic.optimizer, None, model_only)
         dist.barrier()
 
     def load_checkpoint(self, step_dir: str) -> None:
         """Restore the actor (and critic) from ``step_dir``; the engine gets the restored weights on next use."""
-        load_component(Path(step_dir) / "actor", self.actor.model, self.actor.optimizer, self.actor.lr_scheduler)
+        with self.actor_residency.on_device(optimizer=True):
+            load_component(Path(step_dir) / "actor", self.actor.model, self.actor.optimizer, self.actor.lr_scheduler)
         if self.critic is not None:
-            load_component(Path(step_dir) / "critic", self.critic.model, self.critic.optimizer, None)
+            with self.critic_residency.on_device(optimizer=True):
+                load_component(Path(step_dir) / "critic", self.critic.model, self.critic.optimizer, None)
         self.weights_stale = True
         dist.barrier()
+
+    def residency(self) -> dict[str, dict[str, bool]]:
+        """Whether each model's parameters and optimizer states are on the device now, and how often they moved."""
+        report = {}
+        for name, residency in (
+            ("actor", self.actor_residency),
+            ("ref", self.ref_residency),
+            ("critic", self.critic_residency),
+        ):
+            if residency is not None:
+                report[name] = {
+                    "params_on_device": residency.params_on_device,
+                    "optimizer_on_device": residency.optimizer_on_device,
+                    "moves": residency.moves,
+                }
+        return report
