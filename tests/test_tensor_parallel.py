@@ -1,0 +1,193 @@
+"""Tensor-parallel rollout: TP groups pool their prompts, the engine wakes and syncs in the right order, and
+vLLM-CPU's shared memory is unique per engine and never left in /dev/shm."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from helpers import demo_config, prompt_batch, start_ray
+
+from easyr1.distributed import WorkerGroup
+from easyr1.distributed.tensor_parallel import TensorParallelGroup, tensor_parallel_groups
+from easyr1.protocol import Batch
+from easyr1.workers.hybrid_worker import HybridWorker
+
+
+SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 6, "ignore_eos": False}
+
+
+def test_groups_are_consecutive_blocks_of_ranks():
+    assert tensor_parallel_groups(4, 2) == [[0, 1], [2, 3]]
+    assert tensor_parallel_groups(8, 4) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert tensor_parallel_groups(3, 1) == [[0], [1], [2]]
+    with pytest.raises(ValueError, match="divide the world size 4"):
+        tensor_parallel_groups(4, 3)
+
+
+def rank_rows(rank: int) -> Batch:
+    """Rank ``rank``'s share: ``rank + 1`` rows (members hold different counts), tensors and Python objects."""
+    count = rank + 1
+    return Batch(
+        tensors={"sample_seed": torch.arange(count) + 10 * rank, "input_ids": torch.full((count, 3), rank)},
+        non_tensors={"uid": [f"rank{rank}-row{row}" for row in range(count)]},
+    )
+
+
+def _gather_on_rank(rank: int, world_size: int, port: int, tensor_parallel_size: int, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    group = TensorParallelGroup(tensor_parallel_size)
+    pooled, own = group.gather_rows(rank_rows(rank))
+    torch.save({"ranks": group.ranks, "pooled": pooled, "own": pooled.index(own)}, Path(out_dir) / f"{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_gather_rows_pools_the_group_and_returns_each_rank_its_own(tmp_path):
+    world_size, tensor_parallel_size = 4, 2
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.spawn(_gather_on_rank, args=(world_size, port, tensor_parallel_size, str(tmp_path)), nprocs=world_size)
+    for rank in range(world_size):
+        result = torch.load(tmp_path / f"{rank}.pt", weights_only=False)
+        members = [0, 1] if rank < 2 else [2, 3]
+        assert result["ranks"] == members
+        # single-process reference: the members' shares concatenated in rank order
+        expected = Batch.concat([rank_rows(member) for member in members])
+        assert torch.equal(result["pooled"]["sample_seed"], expected["sample_seed"])
+        assert torch.equal(result["pooled"]["input_ids"], expected["input_ids"])
+        assert list(result["pooled"]["uid"]) == list(expected["uid"])
+        mine = rank_rows(rank)
+        assert torch.equal(result["own"]["sample_seed"], mine["sample_seed"])
+        assert list(result["own"]["uid"]) == list(mine["uid"])
+
+
+class RecordingLLM:
+    """Forwards everything to the real ``vllm.LLM`` and records the calls made on it. ``sleep`` and ``wake_up``
+    are only recorded: vLLM-CPU cannot sleep, and they let the engine act as on GPU (level-2 sleep)."""
+
+    def __init__(self, llm, calls: list) -> None:
+        self._llm, self._calls = llm, calls
+
+    def sleep(self, level: int = 1) -> None:
+        self._calls.append(("sleep", level))
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self._calls.append(("wake_up", tuple(tags or ())))
+
+    def __getattr__(self, name: str):
+        attribute = getattr(self._llm, name)
+        if not callable(attribute):
+            return attribute
+
+        def recorded(*args, **kwargs):
+            self._calls.append((name, args[0] if name == "collective_rpc" else None))
+            return attribute(*args, **kwargs)
+
+        return recorded
+
+
+class RecordingWorker(HybridWorker):
+    """A hybrid worker whose engine records the calls made on it and, optionally, sleeps as on GPU."""
+
+    def record_engine_calls(self, sleep_as_on_gpu: bool) -> None:
+        self.engine_calls: list = []
+        self.rollout.llm = RecordingLLM(self.rollout.llm, self.engine_calls)
+        self.rollout.sleep_supported = sleep_as_on_gpu
+
+    def take_engine_calls(self) -> list:
+        calls, self.engine_calls[:] = list(self.engine_calls), []
+        return calls
+
+    def shm_segments(self) -> list[str]:
+        return sorted(path.name for path in Path("/dev/shm").glob("*cpushm*"))
+
+    def shm_tag(self) -> str | None:
+        return self.rollout.shm_tag
+
+    def engine_ranks(self) -> list[int]:
+        return self.rollout.tensor_parallel_ranks()
+
+
+def masked_gap(batch: Batch) -> torch.Tensor:
+    mask = batch["response_mask"].bool()
+    return (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()[mask]
+
+
+def with_seeds(prompts: Batch, repeat: int, offset: int = 0) -> Batch:
+    batch = prompts.repeat(repeat)
+    batch["sample_seed"] = torch.arange(len(batch)) + offset
+    return batch
+
+
+WEIGHT_SYNC = [("collective_rpc", "reload_weights"), ("reset_prefix_cache", None)]
+
+
+@pytest.mark.slow
+def test_tensor_parallel_rollout_matches_the_actor_and_wakes_in_order(tiny_qwen2_5_vl_dir, tiny_dataset_dir):
+    config = demo_config(
+        tiny_qwen2_5_vl_dir,
+        tiny_dataset_dir,
+        "worker.rollout.tensor_parallel_size=2",
+        "worker.actor.optim.lr=1e-2",
+        "worker.actor.micro_batch_size_per_device_for_update=4",
+    )
+    start_ray()
+    group = WorkerGroup(RecordingWorker, 2, init_args=(config,))
+    try:
+        group.run_all("init_models")
+        assert group.run_all("engine_ranks") == [[0, 1], [0, 1]]
+        tags = group.run_all("shm_tag")
+        assert tags[0] is not None and tags[0] == tags[1]
+        # the engine is built and its shared memory in use, yet no name is left to collide with a later run
+        assert not [name for name in group.run_all("shm_segments")[0] if tags[0] in name]
+
+        # TP=2 x DP=1: both ranks run one engine, each with its own half of the prompts
+        prompts = prompt_batch(tiny_qwen2_5_vl_dir, tiny_dataset_dir, 4)
+        group.run_all("record_engine_calls", True)
+        batch = group.run_split("generate", with_seeds(prompts, 2), SAMPLING)
+        batch = batch.union(group.run_split("compute_old_log_probs", batch, 1.0))
+        assert batch["response_mask"].sum() > 0
+        assert masked_gap(batch).max() < 1e-3  # was 0.12 on average when the two ranks sent different prompts
+
+        # level-2 sleep: weights woken, then synced, then the KV cache woken, then generation, then sleep
+        expected = [
+            ("wake_up", ("weights",)),
+            *WEIGHT_SYNC,
+            ("wake_up", ("kv_cache",)),
+            ("generate", None),
+            ("sleep", 2),
+        ]
+        for calls in group.run_all("take_engine_calls"):
+            assert calls == expected
+        # the actor has not changed (a DAPO refill round, validation), but the sleep discarded the engine's weights
+        group.run_split("generate", with_seeds(prompts, 1, offset=50), SAMPLING)
+        for calls in group.run_all("take_engine_calls"):
+            assert calls == expected
+
+        # where the engine keeps its weights while idle (CPU), an unchanged actor is pushed only once after the
+        # last (simulated) level-2 sleep, then no more ...
+        group.run_all("record_engine_calls", False)
+        group.run_split("generate", with_seeds(prompts, 1, offset=60), SAMPLING)
+        for calls in group.run_all("take_engine_calls"):
+            assert calls == [*WEIGHT_SYNC, ("generate", None)]
+        group.run_split("generate", with_seeds(prompts, 1, offset=70), SAMPLING)
+        for calls in group.run_all("take_engine_calls"):
+            assert calls == [("generate", None)]
+        # ... but is after an update, and the engine then samples from the new weights
+        batch["advantages"] = torch.where(batch["response_mask"].bool(), 1.0, 0.0)
+        batch["old_log_probs"] = batch["old_log_probs"] - 0.05
+        group.run_split("update_actor", batch, 1.0, len(batch) // 2)
+        after = group.run_split("generate", with_seeds(prompts, 2, offset=100), SAMPLING)
+        for calls in group.run_all("take_engine_calls"):
+            assert calls == [*WEIGHT_SYNC, ("generate", None)]
+        after = after.union(group.run_split("compute_old_log_probs", after, 1.0))
+        assert masked_gap(after).max() < 1e-3
+    finally:
+        group.shutdown()
+    assert not [name for name in os.listdir("/dev/shm") if tags[0] in name]
