@@ -18,11 +18,11 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from easyr1.errors import UserError
 from easyr1.protocol import Batch
 from easyr1.workers.actor import BANNED_TOKEN_BIAS
+from easyr1.workers.rollout import vllm_shm
 from easyr1.workers.rollout.base import SamplingSettings, pack_responses
 
 
@@ -99,12 +99,10 @@ class VLLMRollout:
             extra["limit_mm_per_prompt"] = {"image": limit_images}
         self.shm_tag = None
         if not on_gpu and tensor_parallel_size > 1:
-            from easyr1.workers.rollout import cpu_shm
-
             # unique shared-memory names for this engine (vLLM's own are the same for every run on the machine)
-            self.shm_tag = cpu_shm.agree_on_tag()
-            os.environ[cpu_shm.TAG_VARIABLE] = self.shm_tag
-            extra["worker_cls"] = f"{cpu_shm.__name__}.{cpu_shm.TaggedShmCPUWorker.__name__}"
+            self.shm_tag = vllm_shm.agree_on_tag()
+            os.environ[vllm_shm.TAG_VARIABLE] = self.shm_tag
+            extra["worker_cls"] = "easyr1.workers.rollout.cpu_shm_worker.TaggedShmCPUWorker"
         self.dtype = dtype
         self.llm = LLM(
             model=model_path,
@@ -127,10 +125,8 @@ class VLLMRollout:
             logprobs_mode="processed_logprobs",  # after temperature, like the actor's logits / temperature
             **extra,
         )
-        if self.shm_tag is not None:
-            # every rank has attached to every segment once all engines are built: the names can go
-            dist.barrier()
-            cpu_shm.unlink_segments(self.shm_tag)
+        if tensor_parallel_size > 1:  # only groups of several ranks share memory
+            vllm_shm.release_names(self.shm_tag)
         self.sleep_supported = on_gpu
         self.weights_discarded = False  # the engine starts awake with the checkpoint's weights
         self.pad_token_id = pad_token_id
