@@ -66,6 +66,9 @@ class RecordingWorker(HybridWorker):
     def engine_ranks(self) -> list[int]:
         return self.rollout.tensor_parallel_ranks()
 
+    def engine_dtype(self) -> torch.dtype:
+        return self.rollout.llm.llm_engine.vllm_config.model_config.dtype
+
 
 def masked_gap(batch: Batch) -> torch.Tensor:
     mask = batch["response_mask"].bool()
@@ -86,6 +89,7 @@ def test_tensor_parallel_rollout_matches_the_actor_and_wakes_in_order(tiny_qwen2
         tiny_qwen2_5_vl_dir,
         tiny_dataset_dir,
         "worker.rollout.tensor_parallel_size=2",
+        "worker.rollout.dtype=null",  # the actor's compute dtype: fp32 here
         "worker.actor.optim.lr=1e-2",
         "worker.actor.micro_batch_size_per_device_for_update=4",
     )
@@ -95,44 +99,27 @@ def test_tensor_parallel_rollout_matches_the_actor_and_wakes_in_order(tiny_qwen2
     try:
         group.run_all("init_models")
         assert group.run_all("engine_ranks") == [[0, 1], [0, 1]]
+        assert group.run_all("engine_dtype") == [torch.float32, torch.float32]
         tags = group.run_all("shm_tag")
         assert tags[0] is not None and tags[0] == tags[1]
         # the engine is built and its shared memory in use, yet no name is left behind (a killed run leaves none)
         assert group.run_all("shared_memory_files")[0] <= before
 
-        # TP=2 x DP=1: both ranks run one engine, each with its own half of the prompts
+        # TP=2 x DP=1: both ranks run one engine, each with its own half of the prompts. On CPU the engine
+        # keeps its weights between rollouts: the first rollout pushes the actor's weights, ...
         prompts = prompt_batch(tiny_qwen2_5_vl_dir, tiny_dataset_dir, 4)
-        group.run_all("record_engine_calls", True)
-        batch = group.run_split("generate", with_seeds(prompts, 2), SAMPLING)
-        batch = batch.union(group.run_split("compute_old_log_probs", batch, 1.0))
-        assert batch["response_mask"].sum() > 0
-        assert masked_gap(batch).max() < 1e-3  # was 0.12 on average when the two ranks sent different prompts
-
-        # level-2 sleep: weights woken, then synced, then the KV cache woken, then generation, then sleep
-        expected = [
-            ("wake_up", ("weights",)),
-            *WEIGHT_SYNC,
-            ("wake_up", ("kv_cache",)),
-            ("generate", None),
-            ("sleep", 2),
-        ]
-        for calls in group.run_all("take_engine_calls"):
-            assert calls == expected
-        # the actor has not changed (a DAPO refill round, validation), but the sleep discarded the engine's weights
-        group.run_split("generate", with_seeds(prompts, 1, offset=50), SAMPLING)
-        for calls in group.run_all("take_engine_calls"):
-            assert calls == expected
-
-        # where the engine keeps its weights while idle (CPU), an unchanged actor is pushed only once after the
-        # last (simulated) level-2 sleep, then no more ...
         group.run_all("record_engine_calls", False)
-        group.run_split("generate", with_seeds(prompts, 1, offset=60), SAMPLING)
+        batch = group.run_split("generate", with_seeds(prompts, 2), SAMPLING)
         for calls in group.run_all("take_engine_calls"):
             assert calls == [*WEIGHT_SYNC, ("generate", None)]
-        group.run_split("generate", with_seeds(prompts, 1, offset=70), SAMPLING)
+        batch = batch.union(group.run_split("compute_old_log_probs", batch, 1.0))
+        assert batch["response_mask"].sum() > 0
+        assert masked_gap(batch).max() < 1e-3  # 0.35 when the two ranks sent their own prompts
+        # ... an unchanged actor is not pushed again ...
+        group.run_split("generate", with_seeds(prompts, 1, offset=50), SAMPLING)
         for calls in group.run_all("take_engine_calls"):
             assert calls == [("generate", None)]
-        # ... but is after an update, and the engine then samples from the new weights
+        # ... an updated one is, and the engine then samples from the new weights
         batch["advantages"] = torch.where(batch["response_mask"].bool(), 1.0, 0.0)
         batch["old_log_probs"] = batch["old_log_probs"] - 0.05
         group.run_split("update_actor", batch, 1.0, len(batch) // 2)
@@ -141,6 +128,24 @@ def test_tensor_parallel_rollout_matches_the_actor_and_wakes_in_order(tiny_qwen2
             assert calls == [*WEIGHT_SYNC, ("generate", None)]
         after = after.union(group.run_split("compute_old_log_probs", after, 1.0))
         assert masked_gap(after).max() < 1e-3
+
+        # As on GPU (sleep recorded, not done): the engine is awake and current, so it generates, then sleeps at
+        # level 2, which discards its weights ...
+        group.run_all("record_engine_calls", True)
+        group.run_split("generate", with_seeds(prompts, 1, offset=60), SAMPLING)
+        for calls in group.run_all("take_engine_calls"):
+            assert calls == [("generate", None), ("sleep", 2)]
+        # ... so although the actor has not changed (a DAPO refill round, validation), the next rollout wakes the
+        # weights, pushes them, then wakes the KV cache, generates and sleeps
+        group.run_split("generate", with_seeds(prompts, 1, offset=70), SAMPLING)
+        for calls in group.run_all("take_engine_calls"):
+            assert calls == [
+                ("wake_up", ("weights",)),
+                *WEIGHT_SYNC,
+                ("wake_up", ("kv_cache",)),
+                ("generate", None),
+                ("sleep", 2),
+            ]
     finally:
         group.shutdown()
     assert set(os.listdir("/dev/shm")) <= before

@@ -129,6 +129,7 @@ class VLLMRollout:
             vllm_shm.release_names(self.shm_tag)
         self.sleep_supported = on_gpu
         self.weights_discarded = False  # the engine starts awake with the checkpoint's weights
+        self.sleeping: set[str] = set()  # what sleep released and no wake has re-allocated yet
         self.pad_token_id = pad_token_id
         self.logit_bias = {token: BANNED_TOKEN_BIAS for token in banned_token_ids} or None
 
@@ -204,18 +205,21 @@ class VLLMRollout:
 
         Level 2 keeps no host copy: the actor pushes its weights before every rollout that follows a sleep.
         """
-        if self.sleep_supported:
+        if self.sleep_supported and not self.sleeping:
             self.llm.sleep(level=2)
+            self.sleeping = {"weights", "kv_cache"}
             self.weights_discarded = True
 
     def wake_weights(self) -> None:
         """Re-allocate the weights' memory, before the weight sync writes into it."""
-        if self.sleep_supported:
+        self._wake("weights")
+
+    def _wake(self, tag: str) -> None:
+        if tag in self.sleeping:  # vLLM warns about waking what is awake (the first rollout)
             torch.cuda.empty_cache()  # hand the allocator's cached blocks back, so vLLM can map its pool
-            self.llm.wake_up(tags=["weights"])
+            self.llm.wake_up(tags=[tag])
+            self.sleeping.discard(tag)
 
     def wake_kv_cache(self) -> None:
         """Re-allocate the KV cache, after the weight sync (whose gathered tensors are freed by then)."""
-        if self.sleep_supported:
-            torch.cuda.empty_cache()
-            self.llm.wake_up(tags=["kv_cache"])
+        self._wake("kv_cache")
