@@ -63,6 +63,11 @@ class RecordingWorker(HybridWorker):
     def shm_tag(self) -> str | None:
         return self.rollout.shm_tag
 
+    def communicator_shm_name(self) -> str:
+        from vllm.distributed.parallel_state import get_tp_group
+
+        return get_tp_group().device_communicator.dist_module.group_name
+
     def engine_ranks(self) -> list[int]:
         return self.rollout.tensor_parallel_ranks()
 
@@ -102,6 +107,9 @@ def test_tensor_parallel_rollout_matches_the_actor_and_wakes_in_order(tiny_qwen2
         assert group.run_all("engine_dtype") == [torch.float32, torch.float32]
         tags = group.run_all("shm_tag")
         assert tags[0] is not None and tags[0] == tags[1]
+        # the communicator's segments are named after this engine's tag, so runs side by side cannot collide
+        names = group.run_all("communicator_shm_name")
+        assert names[0] == names[1] and names[0].startswith(f"{tags[0]}-tp:")
         # the engine is built and its shared memory in use, yet no name is left behind (a killed run leaves none)
         assert group.run_all("shared_memory_files")[0] <= before
 
