@@ -285,7 +285,9 @@ class RolloutConfig:
     top_k: int = _option(-1, "sample from the k most likely tokens (-1: all)")
     seed: int = _option(1, "sampling seed")
     limit_images: int = _option(0, "most images per prompt the engine accepts (0: no limit)")
-    dtype: str = _option("bf16", "dtype of the engine's weights")
+    dtype: str | None = _option(
+        None, "dtype of the engine's weights (null: the actor's compute dtype, mixed-precision param dtype if any)"
+    )
     gpu_memory_utilization: float = _option(0.6, "fraction of GPU memory vLLM may use")
     ignore_eos: bool = _option(False, "keep generating after the end-of-sequence token")
     enforce_eager: bool = _option(False, "disable CUDA graphs in vLLM")
@@ -830,7 +832,8 @@ def _check_names(config: PPOConfig, problems: list[str]) -> None:
     _one_of(problems, "worker.actor.optim.strategy", actor.optim.strategy, OPTIMIZERS)
     _one_of(problems, "worker.actor.optim.lr_scheduler_type", actor.optim.lr_scheduler_type, LR_SCHEDULERS)
     _one_of(problems, "worker.rollout.name", rollout.name, ROLLOUT_ENGINES)
-    _one_of(problems, "worker.rollout.dtype", rollout.dtype, DTYPE_NAMES)
+    if rollout.dtype is not None:
+        _one_of(problems, "worker.rollout.dtype", rollout.dtype, DTYPE_NAMES)
     fsdp_sections = (
         ("worker.actor.fsdp", fsdp),
         ("worker.ref.fsdp", config.worker.ref.fsdp),

@@ -1,8 +1,9 @@
 """The hybrid worker: actor, reference and rollout engine of one rank, sharing one device.
 
 The driver calls, in order each step: :meth:`generate` (syncs the actor's weights into the engine if
-they changed), :meth:`compute_old_log_probs`, :meth:`compute_ref_log_probs` and :meth:`update_actor`.
-Each call gets this rank's equal share of the batch.
+they changed or the engine discarded them), :meth:`compute_old_log_probs`, :meth:`compute_ref_log_probs` and
+:meth:`update_actor`. Each call gets this rank's equal share of the batch; for generation the ranks of one
+tensor-parallel group pool their shares, since they run one engine together.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from easyr1.checkpoint.sharded import load_component, save_component, save_hf_me
 from easyr1.distributed.fsdp import broadcast_full_weights, data_parallel_mesh, gathered_parameters, shard_model
 from easyr1.distributed.offload import Residency
 from easyr1.distributed.precision import Precision, resolve_precision
+from easyr1.distributed.tensor_parallel import TensorParallelGroup
 from easyr1.distributed.worker import Worker, device_type
 from easyr1.logging.perf import memory_metrics, model_flops_utilization, peak_flops
 from easyr1.models.loading import (
+    DTYPES,
     build_empty_model,
     default_attn_implementation,
     load_model,
@@ -36,6 +39,13 @@ from easyr1.workers.actor import Actor
 from easyr1.workers.critic import Critic, ValueModel
 from easyr1.workers.optim import build_optimizer
 from easyr1.workers.rollout.base import SamplingSettings
+
+
+def engine_dtype(name: str | None, actor_compute: torch.dtype) -> torch.dtype:
+    """The rollout engine's dtype (``worker.rollout.dtype``): an explicit name wins; ``None`` is the dtype the
+    actor computes in (bf16 under the GPU's mixed precision, fp32 on CPU), so that the engine samples from the
+    distribution the actor scores."""
+    return DTYPES[name] if name is not None else actor_compute
 
 
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim: Any) -> torch.optim.lr_scheduler.LambdaLR:
@@ -149,7 +159,16 @@ class HybridWorker(Worker):
         for residency in (self.actor_residency, self.ref_residency, self.critic_residency):
             if residency is not None:
                 residency.release()  # off the device before the engine claims its memory
-        self.rollout = self._build_rollout(self.precision.compute)
+        # before the engine: vLLM creates its own groups next, and every rank must create groups in one order
+        self.tensor_parallel = TensorParallelGroup(
+            config.worker.rollout.tensor_parallel_size if config.worker.rollout.name == "vllm" else 1
+        )
+        self.rollout = self._build_rollout(engine_dtype(config.worker.rollout.dtype, self.precision.compute))
+        if config.worker.rollout.name == "vllm" and self.rollout.tensor_parallel_ranks() != self.tensor_parallel.ranks:
+            raise RuntimeError(
+                f"vLLM's tensor-parallel group {self.rollout.tensor_parallel_ranks()} differs from the prompt-sharing "
+                f"group {self.tensor_parallel.ranks}: the ranks of one engine would generate different prompts"
+            )
 
     def _sharded_model(
         self,
@@ -253,8 +272,9 @@ class HybridWorker(Worker):
     def sync_rollout_weights(self) -> float:
         """Gather the actor's full weights and load them into the engine; returns the seconds it took.
 
-        The weights go one FSDP group at a time, in the actor's compute dtype; with LoRA the adapters are folded
-        into the stored (fp32) master weights first and the result cast to the compute dtype.
+        The engine's weights must be awake (``rollout.wake_weights()``); collective over all ranks. The weights go
+        one FSDP group at a time, in the actor's compute dtype (the engine casts them to its own); with LoRA the
+        adapters are folded into the stored (fp32) master weights first and the result cast to the compute dtype.
         """
         start = time.perf_counter()
         # Every rank runs its own engine, so every rank gathers the whole model.
@@ -271,13 +291,20 @@ class HybridWorker(Worker):
         """Sample one response per row (rows are already repeated ``n`` times by the driver).
 
         ``prompts['sample_seed']`` gives every row its own sampling seed, so a step can be replayed exactly.
+        The members of a tensor-parallel group generate their pooled rows together; each returns its own.
+        Order: wake the weights, push the actor's weights if they changed or the engine discarded them in its
+        last sleep, wake the KV cache, generate, sleep.
         """
-        sync_seconds = self.sync_rollout_weights() if self.weights_stale else 0.0
-        self.rollout.wake()
+        rows, own_rows = self.tensor_parallel.gather_rows(prompts)
+        self.rollout.wake_weights()
+        needs_sync = self.weights_stale or self.rollout.weights_discarded
+        sync_seconds = self.sync_rollout_weights() if needs_sync else 0.0
+        self.rollout.wake_kv_cache()
         start = time.perf_counter()
-        output = self.rollout.generate(prompts, SamplingSettings(**sampling), prompts["sample_seed"].tolist())
+        output = self.rollout.generate(rows, SamplingSettings(**sampling), rows["sample_seed"].tolist())
         generate_seconds = time.perf_counter() - start
         self.rollout.sleep()
+        output = output.index(own_rows)
         output.meta.update(sync_seconds=sync_seconds, generate_seconds=generate_seconds)
         return output
 

@@ -35,7 +35,14 @@ class SamplingSettings:
 
 
 class RolloutEngine(Protocol):
-    """Interface shared by the vLLM and Hugging Face engines."""
+    """Interface shared by the vLLM and Hugging Face engines.
+
+    A rollout runs ``wake_weights()``, then ``sync_weights`` if the actor changed or ``weights_discarded``,
+    then ``wake_kv_cache()``, ``generate`` and ``sleep()``: weights are only ever written into an awake engine.
+    """
+
+    weights_discarded: bool
+    """True after a sleep that dropped the weights: the next rollout must sync even if the actor is unchanged."""
 
     def generate(self, prompts: Batch, sampling: SamplingSettings, seeds: list[int]) -> Batch:
         """Sample one response per row of ``prompts``; ``seeds`` makes each row's sampling reproducible."""
@@ -46,8 +53,11 @@ class RolloutEngine(Protocol):
     def sleep(self) -> None:
         """Release device memory held by the engine (weights, KV cache) where the platform supports it."""
 
-    def wake(self) -> None:
-        """Re-acquire what :meth:`sleep` released."""
+    def wake_weights(self) -> None:
+        """Re-allocate the weights' memory (contents undefined if ``weights_discarded``)."""
+
+    def wake_kv_cache(self) -> None:
+        """Re-allocate the KV cache."""
 
 
 def pack_responses(

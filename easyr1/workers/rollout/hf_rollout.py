@@ -32,6 +32,7 @@ class HFRollout:
         device: str,
     ) -> None:
         self.device = device
+        self.weights_discarded = False  # the private copy is never dropped, so it needs a sync only after updates
         self.model = load_model(model_path, dtype).to(device).eval()
         self.pad_token_id = pad_token_id
         self.eos_token_ids = eos_token_ids
@@ -96,5 +97,8 @@ class HFRollout:
     def sleep(self) -> None:
         """Nothing to release: the copy stays resident."""
 
-    def wake(self) -> None:
-        """Nothing to re-acquire."""
+    def wake_weights(self) -> None:
+        """Nothing to re-acquire: the weights never leave."""
+
+    def wake_kv_cache(self) -> None:
+        """Nothing to re-acquire: ``generate`` allocates its cache per call."""

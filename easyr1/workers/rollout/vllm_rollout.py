@@ -1,9 +1,14 @@
 """vLLM rollout engine, running in-process on every worker beside the FSDP actor (the hybrid engine).
 
-The engine joins the worker's existing process group (``distributed_executor_backend="external_launcher"``),
-so each rank generates for its own share of the prompts. It gets the *unexpanded* prompt ids (one
-image placeholder per image) plus the images, and expands the placeholders itself; the prompt ids it
+The engine joins the worker's existing process group (``distributed_executor_backend="external_launcher"``);
+with tensor parallelism the ranks of one TP group run one engine together and must be given the same prompts
+(the hybrid worker gathers them, ``easyr1.distributed.tensor_parallel``). It gets the *unexpanded* prompt ids
+(one image placeholder per image) plus the images, and expands the placeholders itself; the prompt ids it
 reports back must equal the expanded ids the actor trains on, which is checked on every call.
+
+On GPU the engine sleeps at level 2 between rollouts: weights and KV cache are freed and the weights' contents
+are discarded, so every rollout after a sleep wakes the weights, reloads them from the actor, then wakes the
+KV cache (``wake_weights`` -> ``sync_weights`` -> ``wake_kv_cache``).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import torch
 from easyr1.errors import UserError
 from easyr1.protocol import Batch
 from easyr1.workers.actor import BANNED_TOKEN_BIAS
+from easyr1.workers.rollout import vllm_shm
 from easyr1.workers.rollout.base import SamplingSettings, pack_responses
 
 
@@ -51,6 +57,13 @@ def set_cpu_engine_environment(kv_cache_gb: int, num_threads: int) -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
+def set_gpu_engine_environment() -> None:
+    """Environment vLLM reads at import on GPU: the V1 model runner, the one whose log-probs were checked
+    against the actor's (vLLM 0.32 otherwise picks its V2 runner wherever Triton is present). Export
+    ``VLLM_USE_V2_MODEL_RUNNER=1`` to try V2 anyway."""
+    os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+
+
 class VLLMRollout:
     """Generate with ``vllm.LLM``; weights are pushed in from the actor before each rollout."""
 
@@ -75,13 +88,22 @@ class VLLMRollout:
         disable_log_stats: bool = True,
     ) -> None:
         on_gpu = torch.cuda.is_available()
-        if not on_gpu:
+        if on_gpu:
+            set_gpu_engine_environment()
+        else:
             set_cpu_engine_environment(cpu_kv_cache_gb, torch.get_num_threads())
         from vllm import LLM
 
-        extra = {}
+        extra: dict[str, Any] = {}
         if limit_images:
             extra["limit_mm_per_prompt"] = {"image": limit_images}
+        self.shm_tag = None
+        if not on_gpu and tensor_parallel_size > 1:
+            # unique shared-memory names for this engine (vLLM's own are the same for every run on the machine)
+            self.shm_tag = vllm_shm.agree_on_tag()
+            os.environ[vllm_shm.TAG_VARIABLE] = self.shm_tag
+            extra["worker_cls"] = "easyr1.workers.rollout.cpu_shm_worker.TaggedShmCPUWorker"
+        self.dtype = dtype
         self.llm = LLM(
             model=model_path,
             tokenizer=tokenizer_path,
@@ -89,6 +111,8 @@ class VLLMRollout:
             seed=seed,
             tensor_parallel_size=tensor_parallel_size,
             distributed_executor_backend="external_launcher",
+            # each Ray actor sees only its own GPU, so the custom all-reduce's peer-to-peer set-up cannot work
+            disable_custom_all_reduce=True,
             max_model_len=max_model_len,
             max_num_batched_tokens=max(max_num_batched_tokens, max_model_len),
             enable_chunked_prefill=enable_chunked_prefill,
@@ -101,9 +125,19 @@ class VLLMRollout:
             logprobs_mode="processed_logprobs",  # after temperature, like the actor's logits / temperature
             **extra,
         )
+        if tensor_parallel_size > 1:  # only groups of several ranks share memory
+            vllm_shm.release_names(self.shm_tag)
         self.sleep_supported = on_gpu
+        self.weights_discarded = False  # the engine starts awake with the checkpoint's weights
+        self.sleeping: set[str] = set()  # what sleep released and no wake has re-allocated yet
         self.pad_token_id = pad_token_id
         self.logit_bias = {token: BANNED_TOKEN_BIAS for token in banned_token_ids} or None
+
+    def tensor_parallel_ranks(self) -> list[int]:
+        """The world ranks vLLM put in this rank's tensor-parallel group."""
+        from vllm.distributed.parallel_state import get_tp_group
+
+        return list(get_tp_group().ranks)
 
     def generate(self, prompts: Batch, sampling: SamplingSettings, seeds: list[int]) -> Batch:
         """One response per prompt row, with the sampled tokens' log-probs."""
@@ -153,17 +187,39 @@ class VLLMRollout:
                 )
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Reload every weight in place, then drop caches computed with the old weights."""
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
+        """Reload every weight in place (cast to the engine's dtype), then drop caches computed with the old ones.
+
+        The weights must be awake (:meth:`wake_weights`): writing into a sleeping engine's unmapped memory
+        faults, or is overwritten by the stale backup when it wakes.
+        """
+        cast = (
+            (name, tensor.to(self.dtype) if tensor.is_floating_point() else tensor) for name, tensor in named_tensors
+        )
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": cast})
         self.llm.reset_prefix_cache()
         self.llm.llm_engine.reset_encoder_cache()  # else the next image request fails with an encoder cache miss
+        self.weights_discarded = False
 
     def sleep(self) -> None:
-        """Free weights and KV cache on GPU; a no-op on CPU."""
-        if self.sleep_supported:
-            self.llm.sleep(level=1)
+        """Free weights and KV cache on GPU, discarding the weights (level 2); a no-op on CPU.
 
-    def wake(self) -> None:
-        """Re-allocate what sleep freed."""
-        if self.sleep_supported:
-            self.llm.wake_up()
+        Level 2 keeps no host copy: the actor pushes its weights before every rollout that follows a sleep.
+        """
+        if self.sleep_supported and not self.sleeping:
+            self.llm.sleep(level=2)
+            self.sleeping = {"weights", "kv_cache"}
+            self.weights_discarded = True
+
+    def wake_weights(self) -> None:
+        """Re-allocate the weights' memory, before the weight sync writes into it."""
+        self._wake("weights")
+
+    def _wake(self, tag: str) -> None:
+        if tag in self.sleeping:  # vLLM warns about waking what is awake (the first rollout)
+            torch.cuda.empty_cache()  # hand the allocator's cached blocks back, so vLLM can map its pool
+            self.llm.wake_up(tags=[tag])
+            self.sleeping.discard(tag)
+
+    def wake_kv_cache(self) -> None:
+        """Re-allocate the KV cache, after the weight sync (whose gathered tensors are freed by then)."""
+        self._wake("kv_cache")
