@@ -32,7 +32,11 @@ def start_ray(num_cpus: int = 4) -> None:
         logging_level="WARNING",
         # test modules define worker classes; the workers import them (and this checkout's easyr1) from here
         runtime_env={
-            "env_vars": {"RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+            "env_vars": {
+                "RAY_AUTH_MODE": "disabled",
+                "OMP_NUM_THREADS": "1",
+                "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
+            }
         },
     )
 
