@@ -8,7 +8,6 @@ process, so tests can show that such a rank never read one.
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import torch
@@ -47,14 +46,24 @@ def resolve_dtype(name: str | None, device: str) -> torch.dtype:
 
 
 def default_attn_implementation(compute_dtype: torch.dtype) -> str:
-    """``flash_attention_2`` where it can run (CUDA, the ``flash_attn`` package, a 16-bit compute dtype), else
+    """The fastest attention that can run here: ``flash_attention_4`` (Hopper or newer, ``flash-attn-4``
+    installed), else ``flash_attention_2`` (``flash-attn`` installed), on CUDA with a 16-bit compute dtype; else
     ``sdpa``.
 
     Flash attention handles packed (padding-free) rows as variable-length sequences; SDPA needs a dense
     block-diagonal mask over the whole packed row. Flash attention has no fp32 kernels, so fp32 compute keeps SDPA.
+    Both flash packages install a module named ``flash_attn``, so they are told apart by their distribution names
+    (transformers' availability checks), never by importing ``flash_attn``.
     """
     half = compute_dtype in (torch.bfloat16, torch.float16)
-    if half and torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
+    if not (half and torch.cuda.is_available()):
+        return "sdpa"
+    from transformers import utils
+
+    flash_attn_4 = getattr(utils, "is_flash_attn_4_available", lambda: False)  # newer transformers only
+    if torch.cuda.get_device_capability()[0] >= 9 and flash_attn_4():
+        return "flash_attention_4"
+    if utils.is_flash_attn_2_available():
         return "flash_attention_2"
     return "sdpa"
 

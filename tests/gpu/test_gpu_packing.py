@@ -2,7 +2,8 @@
 
 Rows of text and images with responses of different lengths are scored twice by the same model, padded and packed
 into one row (``workers/packing.py``), for each attention implementation the machine has: ``sdpa`` always,
-``flash_attention_2`` where ``flash_attn`` imports. Compared: response log-probs and the gradients of a loss on them.
+``flash_attention_2`` / ``flash_attention_4`` where installed. Compared: response log-probs and the gradients of
+a loss on them.
 
 Tolerances. In float32 both paths compute the same sums in a different order (other kernels, other tile shapes), so
 they agree to float32 rounding amplified by the depth: 1e-4 on log-probs. In bfloat16 each path rounds every
@@ -15,8 +16,6 @@ across samples moves log-probs by ~0.2, ``docs/architecture.md``) exceeds by far
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 from helpers import training_batch
@@ -28,12 +27,23 @@ from easyr1.workers.actor import response_log_probs
 from easyr1.workers.placement import batch_to
 
 
+def _available(check: str) -> bool:
+    from transformers import utils
+
+    return DEVICE == "cuda" and getattr(utils, check, lambda: False)()
+
+
 IMPLEMENTATIONS = [
     "sdpa",
     pytest.param(
         "flash_attention_2",
+        marks=pytest.mark.skipif(not _available("is_flash_attn_2_available"), reason="needs CUDA and flash-attn"),
+    ),
+    pytest.param(
+        "flash_attention_4",
         marks=pytest.mark.skipif(
-            DEVICE != "cuda" or importlib.util.find_spec("flash_attn") is None, reason="needs CUDA and flash_attn"
+            not _available("is_flash_attn_4_available") or torch.cuda.get_device_capability()[0] < 9,
+            reason="needs a Hopper or newer GPU and flash-attn-4",
         ),
     ),
 ]
