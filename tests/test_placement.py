@@ -132,6 +132,7 @@ def test_several_nodes_without_a_cluster_address_is_a_config_error(
 
     if ray.is_initialized():  # a cluster left by another test module would be joined instead
         ray.shutdown()
+    capsys.readouterr()  # that cluster's actors' last log lines, flushed at shutdown
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     err = run_main(capsys, [*base_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir), "trainer.nnodes=2"])
     assert "trainer.nnodes=2" in err and "RAY_ADDRESS" in err and "ray start --head" in err

@@ -34,6 +34,8 @@ MEMORY_SETTINGS = (
     "worker.critic.offload.offload_optimizer=true",
     "worker.ref.fsdp.enable_cpu_offload=true",
 )
+# the probe builds no engine; the hf engine's ranks share no tensor-parallel group to compare with vLLM's
+NO_VLLM = "worker.rollout.name=hf"
 VARIANTS = {
     # actor, reference and critic: three separately loaded models
     # (with adamw_bf16: its bf16 states on 2 ranks, moved by the offload like AdamW's)
@@ -44,7 +46,8 @@ VARIANTS = {
 
 
 class LoadingProbe(HybridWorker):
-    """A HybridWorker without a rollout engine (nothing here generates), reporting what it holds."""
+    """A HybridWorker without a rollout engine (nothing here generates), reporting what it holds. Its config names
+    the hf engine, whose ranks share no tensor-parallel group to check against vLLM's."""
 
     def _build_rollout(self, dtype: torch.dtype) -> None:
         return None
@@ -129,8 +132,10 @@ def test_rank0_init_and_offload_change_nothing_but_memory(
     start_ray()
     batch = training_batch(tiny_qwen2_5_vl_dir, tiny_dataset_dir, NUM_SAMPLES)
     batch["returns"] = batch["advantages"]  # only read by critic updates, which this test does not run
-    plain = run_group(demo_config(tiny_qwen2_5_vl_dir, tiny_dataset_dir, *VARIANTS[variant]), batch, tmp_path / "a")
-    memory_config = demo_config(tiny_qwen2_5_vl_dir, tiny_dataset_dir, *VARIANTS[variant], *MEMORY_SETTINGS)
+    plain = run_group(
+        demo_config(tiny_qwen2_5_vl_dir, tiny_dataset_dir, *VARIANTS[variant], NO_VLLM), batch, tmp_path / "a"
+    )
+    memory_config = demo_config(tiny_qwen2_5_vl_dir, tiny_dataset_dir, *VARIANTS[variant], NO_VLLM, *MEMORY_SETTINGS)
     memory = run_group(memory_config, batch, tmp_path / "b")
 
     models = 1 if variant == "lora" else 3  # the LoRA reference is the actor itself; no critic without gae
