@@ -49,14 +49,13 @@ from easyr1.logging.perf import memory_metrics
 from easyr1.logging.rollouts import write_rollouts
 from easyr1.models.loading import load_model_config, load_tokenizer_and_processor
 from easyr1.protocol import Batch
+from easyr1.workers.actor import ACTOR_FIELDS
 from easyr1.workers.hybrid_worker import HybridWorker
 from easyr1.workers.reward import load_reward_function
 from easyr1.workers.reward_actor import RewardActor
 from easyr1.workers.rollout.base import SamplingSettings
 
 
-# What the actor's forward needs; the rest of the batch (images for vLLM, strings) stays on the driver.
-ACTOR_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "multi_modal_inputs")
 SAMPLING_KEYS = {field.name for field in dataclasses.fields(SamplingSettings)}
 # Validation samples get their own seed stream, apart from training's generation rounds.
 VALIDATION_ROUND = 1_000_000

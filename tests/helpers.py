@@ -17,7 +17,7 @@ from easyr1.workers.rollout.base import pack_responses
 REPO = Path(__file__).resolve().parents[1]
 
 
-def start_ray(num_cpus: int = 4) -> None:
+def start_ray(num_cpus: int = 4, num_gpus: int = 0) -> None:
     """A small local Ray cluster for one test module (a small object store; no dashboard; no auth token)."""
     import ray
 
@@ -27,6 +27,7 @@ def start_ray(num_cpus: int = 4) -> None:
         ray.shutdown()
     ray.init(
         num_cpus=num_cpus,
+        **({"num_gpus": num_gpus} if num_gpus else {}),  # a GPU count claimed for placement tests
         object_store_memory=256 * 1024**2,
         include_dashboard=False,
         logging_level="WARNING",

@@ -12,7 +12,7 @@ import os
 import time
 
 import pytest
-from helpers import REPO, demo_config
+from helpers import demo_config, start_ray
 from test_cli import base_args, run_main
 
 from easyr1.distributed import Worker, WorkerGroup
@@ -169,23 +169,7 @@ def ray_with_a_claimed_gpu():
     """A local Ray node that advertises one GPU this machine does not have."""
     import ray
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(
-        num_cpus=CLUSTER_CPUS,
-        num_gpus=1,
-        object_store_memory=256 * 1024**2,
-        include_dashboard=False,
-        logging_level="WARNING",
-        runtime_env={
-            "env_vars": {
-                "RAY_AUTH_MODE": "disabled",
-                "OMP_NUM_THREADS": "1",
-                "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
-            }
-        },
-    )
+    start_ray(CLUSTER_CPUS, num_gpus=1)
     yield ray
     ray.shutdown()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import nn
@@ -81,6 +82,17 @@ class Residency:
         self.optimizer_on_device = True
         self.moves = 0
         self._depth = 0
+
+    @classmethod
+    def from_config(cls, model: nn.Module, optimizer: torch.optim.Optimizer | None, device, offload: Any) -> Residency:
+        """The residency an ``offload`` config section (``offload_params``, ``offload_optimizer``) asks for."""
+        return cls(
+            model,
+            optimizer,
+            device,
+            offload_params=offload.offload_params,
+            offload_optimizer=offload.offload_optimizer,
+        )
 
     def release(self) -> None:
         """Send what is to be offloaded to host memory (at start-up, and after each phase)."""

@@ -127,13 +127,7 @@ class HybridWorker(Worker):
             banned_token_ids=self.banned_token_ids,
             device=self.device,
         )
-        self.actor_residency = Residency(
-            model,
-            optimizer,
-            self.device,
-            offload_params=actor_config.offload.offload_params,
-            offload_optimizer=actor_config.offload.offload_optimizer,
-        )
+        self.actor_residency = Residency.from_config(model, optimizer, self.device, actor_config.offload)
 
         ref_config = config.worker.ref
         if not config.algorithm.disable_kl and self.lora_scaling is not None:
@@ -150,9 +144,7 @@ class HybridWorker(Worker):
 
             ref_model = self._sharded_model(model_config, ref_config.fsdp, ref_precision, mesh, freeze, override=False)
             self.ref = Actor(ref_model, actor_config, banned_token_ids=self.banned_token_ids, device=self.device)
-            self.ref_residency = Residency(
-                ref_model, None, self.device, offload_params=ref_config.offload.offload_params, offload_optimizer=False
-            )
+            self.ref_residency = Residency.from_config(ref_model, None, self.device, ref_config.offload)
 
         if config.algorithm.adv_estimator == "gae":
             self.critic = self._build_critic(mesh)
@@ -216,13 +208,7 @@ class HybridWorker(Worker):
 
         model = self._sharded_model(model_config, critic_config.fsdp, precision, mesh, value_model)
         optimizer = build_optimizer(model.parameters(), critic_config.optim)
-        self.critic_residency = Residency(
-            model,
-            optimizer,
-            self.device,
-            offload_params=critic_config.offload.offload_params,
-            offload_optimizer=critic_config.offload.offload_optimizer,
-        )
+        self.critic_residency = Residency.from_config(model, optimizer, self.device, critic_config.offload)
         return Critic(model, critic_config, optimizer, device=self.device)
 
     def _build_rollout(self, dtype: torch.dtype):

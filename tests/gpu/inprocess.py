@@ -27,6 +27,7 @@ from easyr1.distributed.fsdp import full_tensor
 from easyr1.distributed.worker import pick_backend
 from easyr1.models.loading import load_model_config
 from easyr1.protocol import Batch
+from easyr1.workers.actor import ACTOR_FIELDS
 from easyr1.workers.hybrid_worker import HybridWorker
 from easyr1.workers.reward import load_reward_function
 
@@ -34,8 +35,6 @@ from easyr1.workers.reward import load_reward_function
 REPO = Path(__file__).resolve().parents[2]
 ON_CPU = os.environ.get("EASYR1_GPU_TESTS_ON_CPU") == "1"
 DEVICE = "cpu" if ON_CPU or not torch.cuda.is_available() else "cuda"
-# the fields the workers' log-prob and update calls read (the trainer's ACTOR_FIELDS; trainer.py imports Ray)
-ACTOR_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "multi_modal_inputs")
 PROBE_PARAMETER = "model.language_model.layers.0.self_attn.q_proj.weight"
 
 
