@@ -105,3 +105,32 @@ def test_vllm_rejects_prompt_ids_that_disagree_with_the_trainer(workers, tiny_qw
         group.run_split("generate", with_seeds(prompts, 1), SAMPLING)
     assert isinstance(error.value.cause, UserError)
     assert "vLLM expanded the prompt" in str(error.value.cause)
+
+
+def test_each_sample_gets_the_same_tokens_whatever_the_request_shape(workers, tiny_qwen2_5_vl_dir, tiny_dataset_dir):
+    """A sample's tokens depend on its prompt and seed only: not on how many workers share the batch, on the
+    other rows of the request, or on the order of the rows. (1 and 2 workers; the whole batch, a permuted one.)"""
+    import ray
+
+    engine, group = workers
+    batch = with_seeds(prompt_batch(tiny_qwen2_5_vl_dir, tiny_dataset_dir, 4), 3, offset=500)
+    split_over_two = group.run_split("generate", batch, SAMPLING)  # each worker generates 6 rows
+    permutation = torch.randperm(len(batch), generator=torch.Generator().manual_seed(0)).tolist()
+    # every worker takes part (a pending weight sync is collective): one gets all rows, the other all rows permuted
+    whole, permuted = ray.get(
+        [
+            group.workers[0].generate.remote(batch, SAMPLING),
+            group.workers[1].generate.remote(batch.index(permutation), SAMPLING),
+        ]
+    )
+    unpermuted = permuted.index(torch.argsort(torch.tensor(permutation)).tolist())
+    for other in (whole, unpermuted):
+        assert torch.equal(other["responses"], split_over_two["responses"])
+        assert torch.equal(other["response_mask"], split_over_two["response_mask"])
+    lengths = split_over_two["response_mask"].sum(dim=-1)
+    assert lengths.sum() > len(batch)  # real sampling happened: not only immediate end-of-text
+    # the same prompt with other seeds gives other tokens somewhere, so the equality above is not vacuous
+    reseeded = group.run_split(
+        "generate", with_seeds(prompt_batch(tiny_qwen2_5_vl_dir, tiny_dataset_dir, 4), 3, 900), SAMPLING
+    )
+    assert not torch.equal(reseeded["responses"], split_over_two["responses"])
