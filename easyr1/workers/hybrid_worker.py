@@ -2,8 +2,9 @@
 
 The driver calls, in order each step: :meth:`generate` (syncs the actor's weights into the engine if
 they changed or the engine discarded them), :meth:`compute_old_log_probs`, :meth:`compute_ref_log_probs` and
-:meth:`update_actor`. Each call gets this rank's equal share of the batch; for generation the ranks of one
-tensor-parallel group pool their shares, since they run one engine together.
+:meth:`update_actor`; when the update may take the old log-probs from its own forward (:mod:`easyr1.on_policy`),
+:meth:`update_actor_on_policy` replaces the first and the last. Each call gets this rank's equal share of the batch;
+for generation the ranks of one tensor-parallel group pool their shares, since they run one engine together.
 """
 
 from __future__ import annotations
@@ -322,11 +323,36 @@ class HybridWorker(Worker):
             return self.critic.update(batch, mini_batch_size)
 
     def update_actor(self, batch: Batch, temperature: float, mini_batch_size: int) -> dict[str, float]:
-        """One policy update on this rank's share; the engine's weights are stale afterwards."""
+        """One policy update on this rank's share (``batch`` carries ``old_log_probs``); the engine's weights are
+        stale afterwards."""
         start = time.perf_counter()
         with self.actor_residency.on_device(optimizer=True):
             metrics = self.actor.update_policy(batch, temperature, mini_batch_size)
-        seconds = time.perf_counter() - start
+        return self._after_update(metrics, batch, time.perf_counter() - start)
+
+    def update_actor_on_policy(self, batch: Batch, temperature: float, mini_batch_size: int) -> tuple[dict, Batch]:
+        """One optimizer step on this rank's share, the old log-probs taken from the update's own forward (see
+        :mod:`easyr1.on_policy`); returns the metrics and those log-probs (``old_log_probs``) in the share's order.
+
+        With ``algorithm.rollout_correction`` the batch carries ``rollout_log_probs`` and the weights are computed
+        in the update.
+        """
+        if len(batch) > mini_batch_size or self.config.worker.actor.ppo_epochs != 1:
+            raise ValueError(
+                f"an on-policy update takes one optimizer step: got {len(batch)} samples for mini-batches of "
+                f"{mini_batch_size} and ppo_epochs={self.config.worker.actor.ppo_epochs}"
+            )
+        algorithm = self.config.algorithm
+        start = time.perf_counter()
+        with self.actor_residency.on_device(optimizer=True):
+            metrics, log_probs = self.actor.update_on_policy(
+                batch, temperature, algorithm.rollout_correction, algorithm.rollout_correction_threshold
+            )
+        metrics = self._after_update(metrics, batch, time.perf_counter() - start)
+        return metrics, Batch(tensors={"old_log_probs": log_probs})
+
+    def _after_update(self, metrics: dict[str, float], batch: Batch, seconds: float) -> dict[str, float]:
+        """Mark the engine's weights stale and add the memory (and, where the peak is known, MFU) metrics."""
         self.weights_stale = True
         metrics.update(memory_metrics())
         peak = peak_flops(torch.cuda.get_device_name()) if self.device == "cuda" else None
