@@ -23,7 +23,8 @@ RTOL, ATOL = 1e-6, 1e-9
 
 
 def build_actor(model_dir, actor_config) -> tuple[Actor, dict[str, torch.Tensor]]:
-    """A sharded actor, and a dict filled with its gradients (full tensors) just before the optimizer steps."""
+    """A sharded actor with an LR schedule, and a dict its gradients (full tensors) fill just before the optimizer
+    steps."""
     torch.manual_seed(0)
     model = load_model(str(model_dir), torch.float32)
     shard_model(model, data_parallel_mesh("cpu"))
@@ -36,7 +37,9 @@ def build_actor(model_dir, actor_config) -> tuple[Actor, dict[str, torch.Tensor]
                 gradients[name] = full_tensor(parameter.grad.detach()).clone()
 
     optimizer.register_step_pre_hook(keep_gradients)
-    return Actor(model, actor_config, optimizer, banned_token_ids=[model.config.image_token_id]), gradients
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5**step)  # actor/lr is logged
+    actor = Actor(model, actor_config, optimizer, scheduler, banned_token_ids=[model.config.image_token_id])
+    return actor, gradients
 
 
 def driver_metrics(old, rollout, mask, correction: str | None, threshold: float) -> dict[str, float]:

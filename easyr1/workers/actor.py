@@ -262,10 +262,11 @@ class Actor:
 
     def _finish_update(self, totals: dict[str, list[float]]) -> dict[str, float]:
         """Step the LR schedule (once per update call) and average the mini-batches' metrics."""
+        metrics = {key: sum(values) / len(values) for key, values in totals.items()}
         if self.lr_scheduler is not None:
-            totals["actor/lr"].append(self.lr_scheduler.get_last_lr()[0])
+            metrics["actor/lr"] = self.lr_scheduler.get_last_lr()[0]
             self.lr_scheduler.step()
-        return {key: sum(values) / len(values) for key, values in totals.items()}
+        return metrics
 
     def _update_on_mini_batch(
         self,
