@@ -364,16 +364,16 @@ class Trainer:
             order = balanced_order(batch["attention_mask"].sum(dim=-1).tolist(), self.workers.num_workers)
             batch = batch.index(order)
         on_policy = reuses_update_log_probs(config, len(batch), self.workers.num_workers, step)
-        actor_view = batch.select(*ACTOR_FIELDS)
-        if not on_policy:
-            with timed(timings, "old"):
-                batch = batch.union(self.workers.run_split("compute_old_log_probs", actor_view, rollout.temperature))
-        if self.uses_reference:
-            with timed(timings, "ref"):
-                batch = batch.union(self.workers.run_split("compute_ref_log_probs", actor_view, rollout.temperature))
-        if self.uses_critic:
-            with timed(timings, "values"):
-                batch = batch.union(self.workers.run_split("compute_values", actor_view))
+        needed = {"old": not on_policy, "ref": self.uses_reference, "values": self.uses_critic}
+        passes = [name for name, need in needed.items() if need]
+        if passes:  # one call for all of them: the batch travels to the workers once
+            with timed(timings, "experience"):
+                experience = self.workers.run_split(
+                    "compute_experience", batch.select(*ACTOR_FIELDS), rollout.temperature, passes
+                )
+            # timing/old, /ref, /values: each pass on the first worker; timing/experience: the call, transfers included
+            timings.update(experience.meta.pop("experience_seconds"))
+            batch = batch.union(experience)
         mask = batch["response_mask"]
         if not on_policy:
             metrics.update(self._old_policy_metrics(batch))

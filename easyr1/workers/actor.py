@@ -278,9 +278,10 @@ class Actor:
     ) -> dict[str, float]:
         """Gradient accumulation over micro-batches, then one clipped optimizer step.
 
-        Without ``old_log_probs`` in the mini-batch the update is on-policy: each micro-batch's detached log-probs
-        are its old ones, (with ``correction``, ``(mode, threshold)``) its rollout-correction weights are computed
-        from them, and they are appended to ``log_prob_parts`` with their row indices.
+        Given ``log_prob_parts`` the update is on-policy (only :meth:`update_on_policy` asks for it): each
+        micro-batch's detached log-probs are its old ones, (with ``correction``, ``(mode, threshold)``) its
+        rollout-correction weights are computed from them, and they are appended to ``log_prob_parts`` with their
+        row indices. Otherwise the mini-batch carries ``old_log_probs``.
         """
         config = self.config
         norm = global_normalizers(mini_batch["response_mask"], world_size)
@@ -299,10 +300,10 @@ class Actor:
             micro = batch_to(micro, self.device)
             micro_mask = micro["response_mask"]
             log_probs, entropy = self._log_probs(micro, temperature, with_entropy=True)
-            on_policy = "old_log_probs" not in micro
+            on_policy = log_prob_parts is not None
             # on-policy: the policy has not changed since the rollout, so this forward's values are the old ones
             old_log_probs = log_probs.detach() if on_policy else micro["old_log_probs"]
-            if on_policy and log_prob_parts is not None:
+            if on_policy:
                 log_prob_parts.append((rows, old_log_probs))
             policy_loss = get_policy_loss(config.loss_type)(
                 old_log_probs, log_probs, micro["advantages"], micro_mask, loss_params

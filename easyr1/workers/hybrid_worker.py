@@ -1,17 +1,18 @@
 """The hybrid worker: actor, reference and rollout engine of one rank, sharing one device.
 
 The driver calls, in order each step: :meth:`generate` (syncs the actor's weights into the engine if
-they changed or the engine discarded them), :meth:`compute_old_log_probs`, :meth:`compute_ref_log_probs` and
-:meth:`update_actor`; when the update may take the old log-probs from its own forward (:mod:`easyr1.on_policy`),
-:meth:`update_actor_on_policy` replaces the first and the last. Each call gets this rank's equal share of the batch;
-for generation the ranks of one tensor-parallel group pool their shares, since they run one engine together.
+they changed or the engine discarded them), :meth:`compute_experience` (the old log-probs, the reference's, the
+critic's values: those the step needs, in one call) and :meth:`update_actor`; when the update may take the old
+log-probs from its own forward (:mod:`easyr1.on_policy`), :meth:`update_actor_on_policy` replaces the latter and
+the experience call has no old-log-prob pass. Each call gets this rank's equal share of the batch; for generation the
+ranks of one tensor-parallel group pool their shares, since they run one engine together.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -307,6 +308,29 @@ class HybridWorker(Worker):
         with self.ref_residency.on_device():
             return Batch(tensors={"ref_log_probs": self.ref.compute_log_probs(batch, temperature, micro)})
 
+    def compute_experience(self, batch: Batch, temperature: float, passes: Sequence[str]) -> Batch:
+        """Several no-grad passes over this rank's share in one call, so the share travels here once.
+
+        ``passes``: any of ``old`` (:meth:`compute_old_log_probs`), ``ref`` (:meth:`compute_ref_log_probs`) and
+        ``values`` (:meth:`compute_values`), run in that order; each gives what its own call gives.
+        ``meta["experience_seconds"]`` holds each pass's seconds on this rank.
+        """
+        runs: dict[str, Callable[[], Batch]] = {
+            "old": lambda: self.compute_old_log_probs(batch, temperature),
+            "ref": lambda: self.compute_ref_log_probs(batch, temperature),
+            "values": lambda: self.compute_values(batch),
+        }
+        unknown = set(passes) - set(runs)
+        if unknown:
+            raise ValueError(f"unknown experience passes {sorted(unknown)}; known: {list(runs)}")
+        output, seconds = Batch(), {}
+        for name in (name for name in runs if name in passes):
+            start = time.perf_counter()
+            output = output.union(runs[name]())
+            seconds[name] = time.perf_counter() - start
+        output.meta["experience_seconds"] = seconds
+        return output
+
     def has_reference_model(self) -> bool:
         """Whether this rank loaded a reference model (not with ``algorithm.disable_kl``)."""
         return self.ref is not None
@@ -330,7 +354,9 @@ class HybridWorker(Worker):
             metrics = self.actor.update_policy(batch, temperature, mini_batch_size)
         return self._after_update(metrics, batch, time.perf_counter() - start)
 
-    def update_actor_on_policy(self, batch: Batch, temperature: float, mini_batch_size: int) -> tuple[dict, Batch]:
+    def update_actor_on_policy(
+        self, batch: Batch, temperature: float, mini_batch_size: int
+    ) -> tuple[dict[str, float], Batch]:
         """One optimizer step on this rank's share, the old log-probs taken from the update's own forward (see
         :mod:`easyr1.on_policy`); returns the metrics and those log-probs (``old_log_probs``) in the share's order.
 
