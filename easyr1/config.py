@@ -239,6 +239,12 @@ class ActorConfig:
         None, "EasyR1's older name: 'token' sets loss_agg_mode=token-mean, 'seq' sets seq-mean-token-mean"
     )
     ppo_epochs: int = _option(1, "passes over each rollout batch")
+    reuse_update_log_probs: bool = _option(
+        True,
+        "when a rollout batch feeds exactly one optimizer step (ppo_epochs=1, one mini-batch) and no KL is in the "
+        "reward, take the old log-probs from the update's own forward instead of a separate pass (false: always run "
+        "the separate pass)",
+    )
     padding_free: bool = _option(False, "pack each micro-batch into one row without padding (same values)")
     dynamic_batching: bool = _option(
         False, "micro-batches of near-equal token count, as many as micro_batch_size full-length rows would need"

@@ -3,7 +3,8 @@
 One step: take a batch of prompts, repeat each ``n`` times, let the workers generate responses
 (vLLM or HF, with the actor's current weights), score them with the reward function (in a Ray actor,
 overlapping the next two calls), recompute the old log-probs (and the reference's), compute the
-advantages on the driver, update the policy on the workers, and log the metrics.
+advantages on the driver, update the policy on the workers, and log the metrics. When the batch feeds exactly one
+optimizer step the update's own forward gives the old log-probs (no separate pass; :mod:`easyr1.on_policy`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from easyr1.logging import build_trackers
 from easyr1.logging.perf import memory_metrics
 from easyr1.logging.rollouts import write_rollouts
 from easyr1.models.loading import load_model_config, load_tokenizer_and_processor
+from easyr1.on_policy import reuses_update_log_probs
 from easyr1.protocol import Batch
 from easyr1.workers.actor import ACTOR_FIELDS
 from easyr1.workers.hybrid_worker import HybridWorker
@@ -355,24 +357,26 @@ class Trainer:
                 batch["reward_baselines"] = self._greedy_baseline_scores(batch, step)
 
         # 2. Old log-probs, and the reference's and the critic's where the algorithm needs them; the samples are first
-        #    reordered so that every worker's share holds a similar number of tokens.
+        #    reordered so that every worker's share holds a similar number of tokens. When the batch feeds exactly
+        #    one optimizer step, the update's own forward gives the old log-probs instead (easyr1/on_policy.py).
         order = None
         if config.trainer.balance_batch and self.workers.num_workers > 1:
             order = balanced_order(batch["attention_mask"].sum(dim=-1).tolist(), self.workers.num_workers)
             batch = batch.index(order)
-        actor_view = batch.select(*ACTOR_FIELDS)
-        with timed(timings, "old"):
-            batch = batch.union(self.workers.run_split("compute_old_log_probs", actor_view, rollout.temperature))
-        if self.uses_reference:
-            with timed(timings, "ref"):
-                batch = batch.union(self.workers.run_split("compute_ref_log_probs", actor_view, rollout.temperature))
-        if self.uses_critic:
-            with timed(timings, "values"):
-                batch = batch.union(self.workers.run_split("compute_values", actor_view))
+        on_policy = reuses_update_log_probs(config, len(batch), self.workers.num_workers, step)
+        needed = {"old": not on_policy, "ref": self.uses_reference, "values": self.uses_critic}
+        passes = [name for name, need in needed.items() if need]
+        if passes:  # one call for all of them: the batch travels to the workers once
+            with timed(timings, "experience"):
+                experience = self.workers.run_split(
+                    "compute_experience", batch.select(*ACTOR_FIELDS), rollout.temperature, passes
+                )
+            # timing/old, /ref, /values: each pass on the first worker; timing/experience: the call, transfers included
+            timings.update(experience.meta.pop("experience_seconds"))
+            batch = batch.union(experience)
         mask = batch["response_mask"]
-        metrics.update(
-            prefixed("rollout", rollout_mismatch_metrics(batch["old_log_probs"], batch["rollout_log_probs"], mask))
-        )
+        if not on_policy:
+            metrics.update(self._old_policy_metrics(batch))
 
         # 3. Rewards: the score on the last response token, minus the KL to the reference when it is in the reward.
         with timed(timings, "reward"):
@@ -388,7 +392,7 @@ class Trainer:
             metrics.update({"actor/reward_kl": sequence_kl, "actor/kl_coef": self.kl_controller.value})
             self.kl_controller.update(sequence_kl, n_steps=len(batch))
 
-        # 4. Advantages (pure functions on the driver), and the rollout-correction weights.
+        # 4. Advantages (pure functions on the driver).
         with timed(timings, "adv"):
             advantages, returns = compute_advantages(
                 algorithm.adv_estimator,
@@ -401,16 +405,6 @@ class Trainer:
                 **{key: batch[key] for key in ("values", "reward_baselines") if key in batch},
             )
         batch["advantages"], batch["returns"] = advantages, returns
-        if algorithm.rollout_correction:
-            weights, correction_metrics = rollout_correction_weights(
-                batch["old_log_probs"],
-                batch["rollout_log_probs"],
-                mask,
-                algorithm.rollout_correction,
-                algorithm.rollout_correction_threshold,
-            )
-            batch["rollout_is_weights"] = weights
-            metrics.update(prefixed("rollout", correction_metrics))
 
         # 5. Updates: the critic first (PPO), then the policy once the critic has warmed up. Each worker takes its
         #    share in mini-batches of global_batch_size prompts, one optimizer step each.
@@ -421,10 +415,21 @@ class Trainer:
             critic_mini_batch = config.worker.critic.global_batch_size * n // num_workers
             with timed(timings, "update_critic"):
                 worker_metrics += self.workers.run_split("update_critic", critic_view, critic_mini_batch)
-        if step > config.trainer.critic_warmup:
+        mini_batch_size = config.worker.actor.global_batch_size * n // num_workers
+        if on_policy:  # the update returns the old log-probs of its own forward; the rollout metrics follow
+            update_fields = [*ACTOR_FIELDS, "advantages"]
+            update_fields += [key for key in ("ref_log_probs",) if key in batch]
+            update_fields += ["rollout_log_probs"] if algorithm.rollout_correction else []
+            with timed(timings, "update"):
+                results = self.workers.run_split(
+                    "update_actor_on_policy", batch.select(*update_fields), rollout.temperature, mini_batch_size
+                )
+            worker_metrics += [worker for worker, _ in results]
+            batch = batch.union(Batch.concat([log_probs for _, log_probs in results]))
+            metrics.update(self._old_policy_metrics(batch))
+        elif step > config.trainer.critic_warmup:
             update_fields = [*ACTOR_FIELDS, "old_log_probs", "advantages"]
             update_fields += [key for key in ("ref_log_probs", "rollout_is_weights") if key in batch]
-            mini_batch_size = config.worker.actor.global_batch_size * n // num_workers
             with timed(timings, "update"):
                 worker_metrics += self.workers.run_split(
                     "update_actor", batch.select(*update_fields), rollout.temperature, mini_batch_size
@@ -434,6 +439,24 @@ class Trainer:
         if trainer.rollouts_to_log > 0 and (step == 1 or step % max(trainer.rollout_log_freq, 1) == 0):
             write_rollouts(self.log_dir, step, batch, scores, sub_scores, self.tokenizer, trainer.rollouts_to_log)
         return {**self._step_metrics(batch, scores, sub_scores, worker_metrics, timings), **metrics}
+
+    def _old_policy_metrics(self, batch: Batch) -> dict[str, float]:
+        """The rollout-vs-trainer ``rollout/`` metrics from the old log-probs; with ``algorithm.rollout_correction``
+        also its weights' metrics, and the weights attached to ``batch`` (the update reads them unless it computes
+        them itself, on-policy)."""
+        algorithm = self.config.algorithm
+        old, rollout, mask = batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"]
+        if not algorithm.rollout_correction:
+            return prefixed("rollout", rollout_mismatch_metrics(old, rollout, mask))
+        weights, correction_metrics = rollout_correction_weights(
+            old,
+            rollout,
+            mask,
+            algorithm.rollout_correction,
+            algorithm.rollout_correction_threshold,
+        )
+        batch["rollout_is_weights"] = weights
+        return prefixed("rollout", correction_metrics)
 
     # ------------------------------------------------------------------------------------------- rollouts
     def _generate(

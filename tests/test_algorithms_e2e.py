@@ -40,7 +40,11 @@ RUNS = {
         "worker.actor.clip_ratio_high=4e-4",
         "worker.actor.loss_agg_mode=seq-mean-token-mean",
     ],
-    "gspo_token": ["worker.actor.loss_type=gspo_token", "worker.actor.loss_agg_mode=seq-mean-token-mean"],
+    "gspo_token": [
+        "worker.actor.loss_type=gspo_token",
+        "worker.actor.loss_agg_mode=seq-mean-token-mean",
+        "worker.actor.ppo_epochs=2",  # the second epoch's ratio leaves 1; the old log-probs need their own pass
+    ],
     "cispo": ["worker.actor.loss_type=cispo", "worker.actor.clip_ratio_low=0", "worker.actor.clip_ratio_high=4"],
     "sapo": ["worker.actor.loss_type=sapo"],
     "kl_loss": ["algorithm.disable_kl=false", "algorithm.use_kl_loss=true", "algorithm.kl_penalty=low_var_kl"],
@@ -90,6 +94,11 @@ def test_algorithm_runs_three_steps(name, tiny_qwen2_5_vl_dir, tiny_dataset_dir,
         assert "actor/kl_loss" in records[0] and "timing/ref" in records[0]
     if name == "grpo":  # the demo config has disable_kl=true: no reference forward
         assert "timing/ref" not in records[0]
+    # the update takes the old log-probs from its own forward unless a batch feeds several optimizer steps or the
+    # in-reward KL needs them before the update (easyr1/on_policy.py); the rollout/ metrics are there either way
+    separate_pass = name in ("gspo_token", "kl_in_reward_adaptive")
+    assert all(("timing/old" in record) == separate_pass for record in records), name
+    assert all("rollout/rollout_kl_k1" in record for record in records)
     if name == "kl_in_reward_adaptive":
         assert records[0]["actor/kl_coef"] == pytest.approx(0.05)
         assert records[1]["actor/kl_coef"] != records[0]["actor/kl_coef"]  # the controller moved it

@@ -26,6 +26,7 @@ from easyr1.algorithms import (
     kl_penalty,
     log_probs_from_logits,
     masked_mean,
+    rollout_correction_weights,
 )
 from easyr1.algorithms.logits import compile_allowed
 from easyr1.distributed.fsdp import full_tensor
@@ -225,22 +226,63 @@ class Actor:
         Needs ``old_log_probs``, ``advantages``, ``response_mask`` (and ``ref_log_probs`` with a KL loss).
         """
         assert self.optimizer is not None, "the reference model has no optimizer"
-        config = self.config
         world_size = dist.get_world_size() if dist.is_initialized() else 1
         self.model.train()
         totals: dict[str, list[float]] = defaultdict(list)
-        for _ in range(config.ppo_epochs):
+        for _ in range(self.config.ppo_epochs):
             for mini_batch in batch.split(mini_batch_size):
-                mini_metrics = self._update_on_mini_batch(mini_batch, temperature, world_size)
-                for key, value in mini_metrics.items():
+                for key, value in self._update_on_mini_batch(mini_batch, temperature, world_size).items():
                     totals[key].append(value)
-        if self.lr_scheduler is not None:
-            totals["actor/lr"].append(self.lr_scheduler.get_last_lr()[0])
-            self.lr_scheduler.step()
-        return {key: sum(values) / len(values) for key, values in totals.items()}
+        return self._finish_update(totals)
 
-    def _update_on_mini_batch(self, mini_batch: Batch, temperature: float, world_size: int) -> dict[str, float]:
-        """Gradient accumulation over micro-batches, then one clipped optimizer step."""
+    def update_on_policy(
+        self,
+        batch: Batch,
+        temperature: float,
+        rollout_correction: str | None = None,
+        rollout_correction_threshold: float = 2.0,
+    ) -> tuple[dict[str, float], torch.Tensor]:
+        """One optimizer step on the whole batch, whose responses the current policy sampled (see
+        :mod:`easyr1.on_policy`): the old log-probs are this forward's own, detached.
+
+        Needs ``advantages``, ``response_mask`` (``ref_log_probs`` with a KL loss; ``rollout_log_probs`` with a
+        ``rollout_correction``, whose weights are then computed here per micro-batch from the detached log-probs,
+        as the driver computes them from a separate pass). Returns the metrics and the detached (B, R) log-probs,
+        in the batch's row order, on the host.
+        """
+        assert self.optimizer is not None, "the reference model has no optimizer"
+        if "old_log_probs" in batch:
+            raise ValueError("update_on_policy computes the old log-probs itself; the batch must not carry them")
+        world_size = dist.get_world_size() if dist.is_initialized() else 1
+        self.model.train()
+        parts: list[tuple[list[int], torch.Tensor]] = []
+        correction = (rollout_correction, rollout_correction_threshold) if rollout_correction else None
+        metrics = self._update_on_mini_batch(batch, temperature, world_size, correction, parts)
+        return self._finish_update({key: [value] for key, value in metrics.items()}), in_original_order(parts)
+
+    def _finish_update(self, totals: dict[str, list[float]]) -> dict[str, float]:
+        """Step the LR schedule (once per update call) and average the mini-batches' metrics."""
+        metrics = {key: sum(values) / len(values) for key, values in totals.items()}
+        if self.lr_scheduler is not None:
+            metrics["actor/lr"] = self.lr_scheduler.get_last_lr()[0]
+            self.lr_scheduler.step()
+        return metrics
+
+    def _update_on_mini_batch(
+        self,
+        mini_batch: Batch,
+        temperature: float,
+        world_size: int,
+        correction: tuple[str, float] | None = None,
+        log_prob_parts: list[tuple[list[int], torch.Tensor]] | None = None,
+    ) -> dict[str, float]:
+        """Gradient accumulation over micro-batches, then one clipped optimizer step.
+
+        Given ``log_prob_parts`` the update is on-policy (only :meth:`update_on_policy` asks for it): each
+        micro-batch's detached log-probs are its old ones, (with ``correction``, ``(mode, threshold)``) its
+        rollout-correction weights are computed from them, and they are appended to ``log_prob_parts`` with their
+        row indices. Otherwise the mini-batch carries ``old_log_probs``.
+        """
         config = self.config
         norm = global_normalizers(mini_batch["response_mask"], world_size)
         loss_params = PolicyLossParams(
@@ -252,17 +294,27 @@ class Actor:
         )
         sums: dict[str, float] = defaultdict(float)
         # the loss is a sum over micro-batches normalised by global counts, so their grouping does not matter
-        for _, micro in micro_batches(
+        for rows, micro in micro_batches(
             mini_batch, config.micro_batch_size_per_device_for_update, config.dynamic_batching
         ):
             micro = batch_to(micro, self.device)
             micro_mask = micro["response_mask"]
             log_probs, entropy = self._log_probs(micro, temperature, with_entropy=True)
+            on_policy = log_prob_parts is not None
+            # on-policy: the policy has not changed since the rollout, so this forward's values are the old ones
+            old_log_probs = log_probs.detach() if on_policy else micro["old_log_probs"]
+            if on_policy:
+                log_prob_parts.append((rows, old_log_probs))
             policy_loss = get_policy_loss(config.loss_type)(
-                micro["old_log_probs"], log_probs, micro["advantages"], micro_mask, loss_params
+                old_log_probs, log_probs, micro["advantages"], micro_mask, loss_params
             )
             loss_mat = policy_loss.loss_mat
-            if "rollout_is_weights" in micro:  # truncated importance sampling towards the rollout policy
+            if on_policy and correction is not None:  # the driver's weights, from this pass's old log-probs
+                weights, _ = rollout_correction_weights(
+                    old_log_probs, micro["rollout_log_probs"], micro_mask, correction[0], correction[1]
+                )
+                loss_mat = loss_mat * weights
+            elif "rollout_is_weights" in micro:  # truncated importance sampling towards the rollout policy
                 loss_mat = loss_mat * micro["rollout_is_weights"]
             pg_loss = aggregate_loss(loss_mat, micro_mask, config.loss_agg_mode, **norm)
             loss = pg_loss

@@ -1,16 +1,18 @@
 """The hybrid worker: actor, reference and rollout engine of one rank, sharing one device.
 
 The driver calls, in order each step: :meth:`generate` (syncs the actor's weights into the engine if
-they changed or the engine discarded them), :meth:`compute_old_log_probs`, :meth:`compute_ref_log_probs` and
-:meth:`update_actor`. Each call gets this rank's equal share of the batch; for generation the ranks of one
-tensor-parallel group pool their shares, since they run one engine together.
+they changed or the engine discarded them), :meth:`compute_experience` (the old log-probs, the reference's, the
+critic's values: those the step needs, in one call) and :meth:`update_actor`; when the update may take the old
+log-probs from its own forward (:mod:`easyr1.on_policy`), :meth:`update_actor_on_policy` replaces the latter and
+the experience call has no old-log-prob pass. Each call gets this rank's equal share of the batch; for generation the
+ranks of one tensor-parallel group pool their shares, since they run one engine together.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -306,6 +308,29 @@ class HybridWorker(Worker):
         with self.ref_residency.on_device():
             return Batch(tensors={"ref_log_probs": self.ref.compute_log_probs(batch, temperature, micro)})
 
+    def compute_experience(self, batch: Batch, temperature: float, passes: Sequence[str]) -> Batch:
+        """Several no-grad passes over this rank's share in one call, so the share travels here once.
+
+        ``passes``: any of ``old`` (:meth:`compute_old_log_probs`), ``ref`` (:meth:`compute_ref_log_probs`) and
+        ``values`` (:meth:`compute_values`), run in that order; each gives what its own call gives.
+        ``meta["experience_seconds"]`` holds each pass's seconds on this rank.
+        """
+        runs: dict[str, Callable[[], Batch]] = {
+            "old": lambda: self.compute_old_log_probs(batch, temperature),
+            "ref": lambda: self.compute_ref_log_probs(batch, temperature),
+            "values": lambda: self.compute_values(batch),
+        }
+        unknown = set(passes) - set(runs)
+        if unknown:
+            raise ValueError(f"unknown experience passes {sorted(unknown)}; known: {list(runs)}")
+        output, seconds = Batch(), {}
+        for name in (name for name in runs if name in passes):
+            start = time.perf_counter()
+            output = output.union(runs[name]())
+            seconds[name] = time.perf_counter() - start
+        output.meta["experience_seconds"] = seconds
+        return output
+
     def has_reference_model(self) -> bool:
         """Whether this rank loaded a reference model (not with ``algorithm.disable_kl``)."""
         return self.ref is not None
@@ -322,11 +347,38 @@ class HybridWorker(Worker):
             return self.critic.update(batch, mini_batch_size)
 
     def update_actor(self, batch: Batch, temperature: float, mini_batch_size: int) -> dict[str, float]:
-        """One policy update on this rank's share; the engine's weights are stale afterwards."""
+        """One policy update on this rank's share (``batch`` carries ``old_log_probs``); the engine's weights are
+        stale afterwards."""
         start = time.perf_counter()
         with self.actor_residency.on_device(optimizer=True):
             metrics = self.actor.update_policy(batch, temperature, mini_batch_size)
-        seconds = time.perf_counter() - start
+        return self._after_update(metrics, batch, time.perf_counter() - start)
+
+    def update_actor_on_policy(
+        self, batch: Batch, temperature: float, mini_batch_size: int
+    ) -> tuple[dict[str, float], Batch]:
+        """One optimizer step on this rank's share, the old log-probs taken from the update's own forward (see
+        :mod:`easyr1.on_policy`); returns the metrics and those log-probs (``old_log_probs``) in the share's order.
+
+        With ``algorithm.rollout_correction`` the batch carries ``rollout_log_probs`` and the weights are computed
+        in the update.
+        """
+        if len(batch) > mini_batch_size or self.config.worker.actor.ppo_epochs != 1:
+            raise ValueError(
+                f"an on-policy update takes one optimizer step: got {len(batch)} samples for mini-batches of "
+                f"{mini_batch_size} and ppo_epochs={self.config.worker.actor.ppo_epochs}"
+            )
+        algorithm = self.config.algorithm
+        start = time.perf_counter()
+        with self.actor_residency.on_device(optimizer=True):
+            metrics, log_probs = self.actor.update_on_policy(
+                batch, temperature, algorithm.rollout_correction, algorithm.rollout_correction_threshold
+            )
+        metrics = self._after_update(metrics, batch, time.perf_counter() - start)
+        return metrics, Batch(tensors={"old_log_probs": log_probs})
+
+    def _after_update(self, metrics: dict[str, float], batch: Batch, seconds: float) -> dict[str, float]:
+        """Mark the engine's weights stale and add the memory (and, where the peak is known, MFU) metrics."""
         self.weights_stale = True
         metrics.update(memory_metrics())
         peak = peak_flops(torch.cuda.get_device_name()) if self.device == "cuda" else None
