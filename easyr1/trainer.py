@@ -61,6 +61,8 @@ SAMPLING_KEYS = {field.name for field in dataclasses.fields(SamplingSettings)}
 VALIDATION_ROUND = 1_000_000
 # The per-sample python objects of a prompt (besides its tensors), as the dataset yields them.
 PROMPT_OBJECTS = ("raw_prompt_ids", "multi_modal_data", "multi_modal_inputs", "ground_truth")
+# The processed vision tensors of a prompt (what the actor's forward reads; the engine gets the images).
+VISION = "multi_modal_inputs"
 
 
 def prompts_of(batch: Batch) -> Batch:
@@ -463,7 +465,14 @@ class Trainer:
         size, workers = len(batch), self.workers.num_workers
         if size % workers:
             batch = Batch.concat([batch, batch.index(list(range(workers - size % workers)))])
+        # vLLM reads the images, not the processed vision tensors: with the sample cache on, those travel once, to
+        # the rank that computes the sample's log-probs after balancing
+        held_back = None
+        if self.config.trainer.cache_sample_tensors and self.config.worker.rollout.name != "hf" and VISION in batch:
+            held_back = batch.pop(VISION)[VISION]
         output = self.workers.run_split("generate", batch, sampling or self._sampling_settings())
+        if held_back is not None:
+            output[VISION] = held_back
         return output.index(slice(0, size)) if len(output) != size else output
 
     def _fill_with_informative_groups(
