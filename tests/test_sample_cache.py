@@ -148,6 +148,7 @@ def test_heavy_fields_travel_once_per_step_and_methods_see_the_full_batch(group,
     assert metrics["perf/bytes_to_workers"] == sum(transfer.bytes_to_workers for transfer in group.transfers)
     assert metrics["perf/bytes_from_workers"] == sum(transfer.bytes_from_workers for transfer in group.transfers)
     assert group.run_all("cache_entries") == [0, 0]
+    assert not group.router.holders
 
     # the next step starts empty: the same samples are sent again, and still arrive whole
     group.open_step()
