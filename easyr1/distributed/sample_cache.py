@@ -61,8 +61,12 @@ def _count(value: Any, seen: set[int]) -> int:
             return 0
         seen.add(key)
         return storage.nbytes()
-    if isinstance(value, (str, bytes, int, float, bool)) or value is None:
-        return 8 if isinstance(value, (int, float, bool)) else len(value or "")
+    if value is None:
+        return 0
+    if isinstance(value, (bool, int, float)):
+        return 8
+    if isinstance(value, (str, bytes)):
+        return len(value)
     if id(value) in seen:
         return 0
     seen.add(id(value))

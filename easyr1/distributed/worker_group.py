@@ -188,42 +188,53 @@ class WorkerGroup:
         heavy fields only if it does not hold them yet; the method still receives the complete chunk, and object
         fields it returns unchanged are not sent back (the driver's copies take their place).
         """
-        extra = payload_bytes(args, kwargs)
         if self.router is not None and self.step_open and SAMPLE_ID in batch:
-            deliveries = self.router.deliveries(batch, self.num_workers)
-            sent = sum(payload_bytes(delivery) for delivery in deliveries)
-            rows_sent = {
-                name: sum(len(delivery.sent[name][0]) for delivery in deliveries if name in delivery.sent)
-                for name in deliveries[0].fields
-            }
-            replies = ray.get(
-                [
-                    worker.run_with_sample_cache.remote(method, delivery, *args, **kwargs)
-                    for worker, delivery in zip(self.workers, deliveries)
-                ]
-            )
-            received = sum(payload_bytes(reply) for reply in replies)
-            size = len(batch) // self.num_workers
-            results = []
-            for rank, (result, echoed) in enumerate(replies):
-                for name in echoed:  # the driver's own copy of what the worker passed through
-                    result[name] = batch[name][rank * size : (rank + 1) * size]
-                results.append(result)
+            results, transfer = self._split_cached(method, batch, args, kwargs)
         else:
-            chunks = batch.chunk(self.num_workers)
-            rows_sent = {}
-            sent = sum(payload_bytes(chunk) for chunk in chunks)
-            results = ray.get(
-                [getattr(worker, method).remote(chunk, *args, **kwargs) for worker, chunk in zip(self.workers, chunks)]
-            )
-            received = sum(payload_bytes(result) for result in results)
-        sent += extra * self.num_workers
-        self.bytes_to_workers += sent
-        self.bytes_from_workers += received
-        self.transfers.append(Transfer(method, sent, received, rows_sent))
+            results, transfer = self._split_plain(method, batch, args, kwargs)
+        transfer.bytes_to_workers += payload_bytes(args, kwargs) * self.num_workers
+        self.bytes_to_workers += transfer.bytes_to_workers
+        self.bytes_from_workers += transfer.bytes_from_workers
+        self.transfers.append(transfer)
         if all(isinstance(result, Batch) for result in results):
             return Batch.concat(results)
         return results
+
+    def _split_plain(self, method: str, batch: Batch, args: tuple, kwargs: dict) -> tuple[list[Any], Transfer]:
+        """Every rank gets its whole chunk (a slice: it pickles the storage of the whole batch's tensors)."""
+        chunks = batch.chunk(self.num_workers)
+        results = ray.get(
+            [getattr(worker, method).remote(chunk, *args, **kwargs) for worker, chunk in zip(self.workers, chunks)]
+        )
+        sent = sum(payload_bytes(chunk) for chunk in chunks)
+        return results, Transfer(method, sent, sum(payload_bytes(result) for result in results))
+
+    def _split_cached(self, method: str, batch: Batch, args: tuple, kwargs: dict) -> tuple[list[Any], Transfer]:
+        """Every rank gets its chunk's light fields and the heavy fields of the rows it does not hold yet."""
+        deliveries = self.router.deliveries(batch, self.num_workers)
+        replies = ray.get(
+            [
+                worker.run_with_sample_cache.remote(method, delivery, *args, **kwargs)
+                for worker, delivery in zip(self.workers, deliveries)
+            ]
+        )
+        rows_sent = {
+            name: sum(len(delivery.sent[name][0]) for delivery in deliveries if name in delivery.sent)
+            for name in deliveries[0].fields
+        }
+        transfer = Transfer(
+            method,
+            sum(payload_bytes(delivery) for delivery in deliveries),
+            sum(payload_bytes(reply) for reply in replies),
+            rows_sent,
+        )
+        size = len(batch) // self.num_workers
+        results = []
+        for rank, (result, echoed) in enumerate(replies):
+            for name in echoed:  # the driver's own copy of what the worker passed through
+                result[name] = batch[name][rank * size : (rank + 1) * size]
+            results.append(result)
+        return results, transfer
 
     def open_step(self) -> None:
         """Start a training step: clear the sample caches (driver record and workers) and the byte counts."""
