@@ -367,6 +367,11 @@ class TrainerConfig:
     max_try_make_batch: int = _option(20, "online filtering: most generation rounds per step (-1: no limit)")
     critic_warmup: int = _option(0, "steps that train only the critic")
     balance_batch: bool = _option(True, "reorder each step's samples so every worker gets a similar token count")
+    cache_sample_tensors: bool = _option(
+        True,
+        "send each sample's vision and token tensors to a worker once per step (not to vLLM, which reads the images) "
+        "and reuse them there; false: every call sends its own copy",
+    )
     val_freq: int = _option(-1, "validate every this many steps (-1: never)")
     val_before_train: bool = _option(True, "validate before the first step")
     val_only: bool = _option(False, "validate and stop without training")

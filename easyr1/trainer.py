@@ -63,6 +63,8 @@ SAMPLING_KEYS = {field.name for field in dataclasses.fields(SamplingSettings)}
 VALIDATION_ROUND = 1_000_000
 # The per-sample python objects of a prompt (besides its tensors), as the dataset yields them.
 PROMPT_OBJECTS = ("raw_prompt_ids", "multi_modal_data", "multi_modal_inputs", "ground_truth")
+# The processed vision tensors of a prompt (what the actor's forward reads; the engine gets the images).
+VISION = "multi_modal_inputs"
 
 
 def prompts_of(batch: Batch) -> Batch:
@@ -151,6 +153,7 @@ class Trainer:
         for leftover in self.checkpoints.remove_leftovers():
             print(f"easyr1: removed {leftover}, a checkpoint write that was interrupted", flush=True)
         self.global_step = int(resumed_state.get("global_step", 0))
+        self.samples_generated = 0
         self.log_dir = Path(config.trainer.log_dir)
         self.trackers = build_trackers(
             list(config.trainer.logger),
@@ -186,6 +189,7 @@ class Trainer:
             gpus_per_worker=1 if device == "cuda" else 0,
             threads_per_worker=cpu_threads if device == "cpu" else 8,
             backend=pick_backend(device),
+            cache_sample_tensors=config.trainer.cache_sample_tensors,
         )
         print(f"easyr1: {self.workers.describe()}", flush=True)
         self.workers.check_shared_directory(config.trainer.save_checkpoint_path, "trainer.save_checkpoint_path")
@@ -343,6 +347,7 @@ class Trainer:
         timings: dict[str, float] = {}
         metrics: dict[str, float] = {}
         step_start = time.perf_counter()
+        self.workers.open_step()  # each sample's heavy fields go to a worker once per step, and are reused there
 
         # 1. Rollout: n samples per prompt. The reward is computed in a Ray actor while the workers go on;
         #    DAPO's online filtering needs it at once to drop uninformative groups and generate more.
@@ -435,6 +440,7 @@ class Trainer:
                     "update_actor", batch.select(*update_fields), rollout.temperature, mini_batch_size
                 )
         timings["step"] = time.perf_counter() - step_start
+        metrics.update(self.workers.finish_step())
         trainer = config.trainer
         if trainer.rollouts_to_log > 0 and (step == 1 or step % max(trainer.rollout_log_freq, 1) == 0):
             write_rollouts(self.log_dir, step, batch, scores, sub_scores, self.tokenizer, trainer.rollouts_to_log)
@@ -476,10 +482,20 @@ class Trainer:
         # Seeds depend on (rollout.seed, step, attempt, sample) only, so a resumed step replays exactly.
         base = ((self.config.worker.rollout.seed * 1_000_003 + step) * 1_009 + attempt) * len(batch)
         batch["sample_seed"] = torch.arange(len(batch)) + base
+        # the key of each sample in the workers' per-step cache: never reused, so unique within any step
+        batch["sample_id"] = torch.arange(len(batch)) + self.samples_generated
+        self.samples_generated += len(batch)
         size, workers = len(batch), self.workers.num_workers
         if size % workers:
             batch = Batch.concat([batch, batch.index(list(range(workers - size % workers)))])
+        # vLLM reads the images, not the processed vision tensors: with the sample cache on, those travel once, to
+        # the rank that computes the sample's log-probs after balancing
+        held_back = None
+        if self.config.trainer.cache_sample_tensors and self.config.worker.rollout.name != "hf" and VISION in batch:
+            held_back = batch.pop(VISION)[VISION]
         output = self.workers.run_split("generate", batch, sampling or self._sampling_settings())
+        if held_back is not None:
+            output[VISION] = held_back
         return output.index(slice(0, size)) if len(output) != size else output
 
     def _fill_with_informative_groups(

@@ -48,6 +48,8 @@ def test_grpo_reward_rises_and_metrics_are_logged(tiny_qwen2_5_vl_dir, tiny_data
         "actor/pg_clipfrac_lower",
         "perf/max_host_memory_gb",
         "perf/driver_max_host_memory_gb",
+        "perf/bytes_to_workers",
+        "perf/bytes_from_workers",
     }
     assert expected <= set(records[0])
     # one update per step: the update's own forward gave the old log-probs (no separate pass), and the mismatch
@@ -66,7 +68,9 @@ def test_balancing_the_batch_across_workers_keeps_rewards_on_their_samples(
     tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path
 ):
     """Samples are reordered between generation and update; the reward (computed in generation order) must follow
-    them. Same seeds, same samples: the first update must be the same with and without reordering."""
+    them. Same seeds, same samples: the first update must be the same with and without reordering. The reordered
+    run also caches the samples' tensors on the workers (rows that moved are sent to their new rank), the other
+    sends every call its own copy: the cache must not change the update either, only the bytes moved."""
     firsts = {}
     for balance in (True, False):
         run_dir = tmp_path / f"balance_{balance}"
@@ -75,6 +79,7 @@ def test_balancing_the_batch_across_workers_keeps_rewards_on_their_samples(
                 *base_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir),
                 "trainer.max_steps=1",
                 f"trainer.balance_batch={str(balance).lower()}",
+                f"trainer.cache_sample_tensors={str(balance).lower()}",
                 # prompts of different lengths, so that the reordering is not the identity
                 "data.max_response_length=8",
                 f"trainer.save_checkpoint_path={run_dir}",
@@ -85,3 +90,7 @@ def test_balancing_the_batch_across_workers_keeps_rewards_on_their_samples(
     assert firsts[True]["reward/overall"] == firsts[False]["reward/overall"]
     assert firsts[True]["actor/grad_norm"] == pytest.approx(firsts[False]["actor/grad_norm"], rel=1e-5)
     assert firsts[True]["actor/entropy"] == pytest.approx(firsts[False]["actor/entropy"], rel=1e-5)
+    # fewer bytes both ways (bench/bench_transfer.py measures how many): balancing spreads each prompt's samples
+    # over both ranks, so its vision tensors still reach each rank once; generation no longer returns them
+    assert firsts[True]["perf/bytes_to_workers"] < firsts[False]["perf/bytes_to_workers"]
+    assert firsts[True]["perf/bytes_from_workers"] < firsts[False]["perf/bytes_from_workers"] / 2

@@ -10,9 +10,12 @@ import logging
 import os
 import socket
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from easyr1.distributed.sample_cache import SampleCache, SampleDelivery, unchanged_objects, without
 
 
 def device_type(preference: str = "auto") -> str:
@@ -79,6 +82,33 @@ class Worker:
             world_size=world_size,
             timeout=timedelta(minutes=30),
         )
+
+    def run_with_sample_cache(
+        self, method: str, delivery: SampleDelivery, *args: Any, **kwargs: Any
+    ) -> tuple[Any, list[str]]:
+        """Call ``method`` on the complete batch of ``delivery`` (heavy fields filled from this step's cache).
+
+        Returns the result without the object fields it passes through unchanged (the driver has them), and their
+        names, so the driver can put its own copies back.
+        """
+        batch = self.sample_cache.complete(delivery, method)
+        result = getattr(self, method)(batch, *args, **kwargs)
+        echoed = unchanged_objects(batch, result)
+        return (without(result, echoed) if echoed else result), echoed
+
+    def clear_sample_cache(self) -> int:
+        """Forget this step's cached sample fields; returns how many (sample, field) entries there were."""
+        entries = len(self.sample_cache)
+        self.sample_cache.clear()
+        return entries
+
+    @property
+    def sample_cache(self) -> SampleCache:
+        """This rank's per-step cache of sample fields (created on first use)."""
+        cache = self.__dict__.get("_sample_cache")
+        if cache is None:
+            cache = self.__dict__["_sample_cache"] = SampleCache(self.rank)
+        return cache
 
     def ping(self) -> int:
         """The worker's rank (used to wait until every actor is up)."""

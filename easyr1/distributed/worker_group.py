@@ -2,7 +2,9 @@
 
 The driver calls methods on all workers at once, either broadcasting the same arguments
 (:meth:`WorkerGroup.run_all`) or splitting a :class:`~easyr1.protocol.Batch` into equal consecutive
-chunks, one per rank (:meth:`WorkerGroup.run_split`), and collects the results in rank order.
+chunks, one per rank (:meth:`WorkerGroup.run_split`), and collects the results in rank order. Between
+:meth:`WorkerGroup.open_step` and :meth:`WorkerGroup.finish_step`, split calls send each sample's heavy fields to a
+rank once and the rank reuses them (``distributed/sample_cache.py``); every split call's bytes are counted.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ from easyr1.distributed.placement import (
     rank_order_of_bundles,
     rendezvous_address,
 )
+from easyr1.distributed.sample_cache import SAMPLE_ID, SampleRouter, payload_bytes
 from easyr1.distributed.worker import Worker
 from easyr1.errors import UserError
 from easyr1.protocol import Batch
@@ -34,6 +38,16 @@ from easyr1.protocol import Batch
 
 # How long to wait for resources the cluster has but that are taken, before giving up with a clear error.
 PLACEMENT_TIMEOUT_S = 300.0
+
+
+@dataclass
+class Transfer:
+    """The bytes one split call moved, and per cached field how many rows it had to send (the rest were reused)."""
+
+    method: str
+    bytes_to_workers: int
+    bytes_from_workers: int
+    rows_sent: dict[str, int] = field(default_factory=dict)
 
 
 class WorkerGroup:
@@ -58,11 +72,17 @@ class WorkerGroup:
         env_vars: dict[str, str] | None = None,
         backend: str | None = None,
         placement_timeout_s: float = PLACEMENT_TIMEOUT_S,
+        cache_sample_tensors: bool = True,
     ) -> None:
         if nnodes < 1 or num_workers % nnodes:
             raise ValueError(f"{num_workers} workers cannot be split evenly over {nnodes} nodes")
         self.num_workers = num_workers
         self.nnodes = nnodes
+        # the per-step record of which rank holds which sample's heavy fields; None: every call sends everything
+        self.router = SampleRouter() if cache_sample_tensors else None
+        self.step_open = False
+        self.bytes_to_workers = self.bytes_from_workers = 0
+        self.transfers: list[Transfer] = []  # this step's split calls
         workers_per_node = num_workers // nnodes
         bundle = node_bundle(workers_per_node, cpus_per_worker, gpus_per_worker)
         nodes = nodes_from_ray(ray.nodes())
@@ -163,15 +183,80 @@ class WorkerGroup:
     def run_split(self, method: str, batch: Batch, *args: Any, **kwargs: Any) -> Any:
         """Give each worker one equal consecutive chunk of ``batch``; concatenate the returned batches in rank order.
 
-        Results that are not batches (metrics dicts, ...) come back as a list in rank order.
+        Results that are not batches (metrics dicts, ...) come back as a list in rank order. Inside a step (see
+        :meth:`open_step`) with the sample cache on and a ``sample_id`` field in ``batch``, each rank gets a row's
+        heavy fields only if it does not hold them yet; the method still receives the complete chunk, and object
+        fields it returns unchanged are not sent back (the driver's copies take their place).
         """
+        if self.router is not None and self.step_open and SAMPLE_ID in batch:
+            results, transfer = self._split_cached(method, batch, args, kwargs)
+        else:
+            results, transfer = self._split_plain(method, batch, args, kwargs)
+        transfer.bytes_to_workers += payload_bytes(args, kwargs) * self.num_workers
+        self.bytes_to_workers += transfer.bytes_to_workers
+        self.bytes_from_workers += transfer.bytes_from_workers
+        self.transfers.append(transfer)
+        if all(isinstance(result, Batch) for result in results):
+            return Batch.concat(results)
+        return results
+
+    def _split_plain(self, method: str, batch: Batch, args: tuple, kwargs: dict) -> tuple[list[Any], Transfer]:
+        """Every rank gets its whole chunk (a slice: it pickles the storage of the whole batch's tensors)."""
         chunks = batch.chunk(self.num_workers)
         results = ray.get(
             [getattr(worker, method).remote(chunk, *args, **kwargs) for worker, chunk in zip(self.workers, chunks)]
         )
-        if all(isinstance(result, Batch) for result in results):
-            return Batch.concat(results)
-        return results
+        sent = sum(payload_bytes(chunk) for chunk in chunks)
+        return results, Transfer(method, sent, sum(payload_bytes(result) for result in results))
+
+    def _split_cached(self, method: str, batch: Batch, args: tuple, kwargs: dict) -> tuple[list[Any], Transfer]:
+        """Every rank gets its chunk's light fields and the heavy fields of the rows it does not hold yet."""
+        deliveries = self.router.deliveries(batch, self.num_workers)
+        replies = ray.get(
+            [
+                worker.run_with_sample_cache.remote(method, delivery, *args, **kwargs)
+                for worker, delivery in zip(self.workers, deliveries)
+            ]
+        )
+        rows_sent = {
+            name: sum(len(delivery.sent[name][0]) for delivery in deliveries if name in delivery.sent)
+            for name in deliveries[0].fields
+        }
+        transfer = Transfer(
+            method,
+            sum(payload_bytes(delivery) for delivery in deliveries),
+            sum(payload_bytes(reply) for reply in replies),
+            rows_sent,
+        )
+        size = len(batch) // self.num_workers
+        results = []
+        for rank, (result, echoed) in enumerate(replies):
+            for name in echoed:  # the driver's own copy of what the worker passed through
+                result[name] = batch[name][rank * size : (rank + 1) * size]
+            results.append(result)
+        return results, transfer
+
+    def open_step(self) -> None:
+        """Start a training step: clear the sample caches (driver record and workers) and the byte counts."""
+        self._clear_sample_caches()
+        self.step_open = True
+        self.bytes_to_workers = self.bytes_from_workers = 0
+        self.transfers = []
+
+    def finish_step(self) -> dict[str, float]:
+        """End a training step: clear the sample caches (so that validation and the next step start empty); returns
+        the step's ``perf/bytes_to_workers`` and ``perf/bytes_from_workers`` (split calls only)."""
+        self._clear_sample_caches()
+        self.step_open = False
+        return {
+            "perf/bytes_to_workers": float(self.bytes_to_workers),
+            "perf/bytes_from_workers": float(self.bytes_from_workers),
+        }
+
+    def _clear_sample_caches(self) -> None:
+        if self.router is not None:
+            self.router.reset()
+            self.run_all("clear_sample_cache")
 
     def shutdown(self) -> None:
         """Kill the actors and release their resources."""

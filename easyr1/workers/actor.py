@@ -116,7 +116,16 @@ def response_log_probs(
 
 _TEXT_INPUTS = ("input_ids", "attention_mask", "position_ids")
 # What the actor's (and critic's) forward reads from a batch; the rest (images for vLLM, strings) stays on the driver.
-ACTOR_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "multi_modal_inputs")
+# `sample_id` keys the rows in the workers' per-step cache (distributed/sample_cache.py).
+ACTOR_FIELDS = (
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "responses",
+    "response_mask",
+    "multi_modal_inputs",
+    "sample_id",
+)
 
 
 def micro_batches(batch: Batch, micro_batch_size: int, dynamic: bool) -> list[tuple[list[int], Batch]]:

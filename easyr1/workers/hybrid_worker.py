@@ -293,6 +293,11 @@ class HybridWorker(Worker):
         generate_seconds = time.perf_counter() - start
         self.rollout.sleep()
         output = output.index(own_rows)
+        # this rank's own objects, not the copies the tensor-parallel pooling made: the driver recognises unchanged
+        # objects and does not take them back (distributed/sample_cache.py)
+        for name, values in prompts.non_tensors.items():
+            if name in output.non_tensors:
+                output[name] = values
         output.meta.update(sync_seconds=sync_seconds, generate_seconds=generate_seconds)
         return output
 
