@@ -366,7 +366,9 @@ class Trainer:
         #    one optimizer step, the update's own forward gives the old log-probs instead (easyr1/on_policy.py).
         order = None
         if config.trainer.balance_batch and self.workers.num_workers > 1:
-            order = balanced_order(batch["attention_mask"].sum(dim=-1).tolist(), self.workers.num_workers)
+            # whole prompt groups where they divide evenly: a prompt's vision tensors then go to one worker only
+            token_counts = batch["attention_mask"].sum(dim=-1).tolist()
+            order = balanced_order(token_counts, self.workers.num_workers, groups=batch["uid"])
             batch = batch.index(order)
         on_policy = reuses_update_log_probs(config, len(batch), self.workers.num_workers, step)
         needed = {"old": not on_policy, "ref": self.uses_reference, "values": self.uses_critic}

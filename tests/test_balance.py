@@ -32,3 +32,27 @@ def test_balancing_beats_consecutive_chunks_on_sorted_lengths():
 def test_unequal_split_is_rejected():
     with pytest.raises(ValueError, match="equal parts"):
         balanced_order([1, 2, 3], 2)
+
+
+def test_groups_stay_on_one_worker_and_chunks_stay_close():
+    rng = random.Random(7)
+    n, prompts, parts = 4, 8, 2
+    labels = [f"p{g}" for g in range(prompts) for _ in range(n)]  # interleaved like the trainer's aabb
+    counts = [rng.randint(10, 300) for _ in labels]
+    order = balanced_order(counts, parts, groups=labels)
+    assert sorted(order) == list(range(len(labels)))
+    size = len(order) // parts
+    for k in range(parts):
+        chunk_labels = {labels[i] for i in order[k * size : (k + 1) * size]}
+        assert len(chunk_labels) == prompts // parts  # every group whole, in one chunk
+    group_loads = [sum(counts[g * n : (g + 1) * n]) for g in range(prompts)]
+    loads = chunk_loads(order, counts, parts)
+    assert max(loads) - min(loads) <= max(group_loads)
+
+
+def test_groups_that_cannot_fill_equal_chunks_are_balanced_sample_by_sample():
+    labels = ["a"] * 4 + ["b"] * 4 + ["c"] * 4  # three groups over two workers
+    counts = list(range(12, 0, -1))
+    assert balanced_order(counts, 2, groups=labels) == balanced_order(counts, 2)
+    uneven = ["a"] * 3 + ["b"] * 5
+    assert balanced_order(counts[:8], 2, groups=uneven) == balanced_order(counts[:8], 2)
