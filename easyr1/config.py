@@ -246,6 +246,11 @@ class ActorConfig:
         "the separate pass)",
     )
     padding_free: bool = _option(False, "pack each micro-batch into one row without padding (same values)")
+    share_prompt: bool = _option(
+        True,
+        "lay out the prompt of a micro-batch's samples that share it once (implies padding_free's packing; same "
+        "values; sdpa or eager attention, else padding-free packing)",
+    )
     dynamic_batching: bool = _option(
         False, "micro-batches of near-equal token count, as many as micro_batch_size full-length rows would need"
     )
@@ -275,6 +280,7 @@ class RefConfig:
         16, "worker.actor.micro_batch_size_per_device_for_experience"
     )
     padding_free: bool = _mirror(False, "worker.actor.padding_free")
+    share_prompt: bool = _mirror(True, "worker.actor.share_prompt")
     dynamic_batching: bool = _mirror(False, "worker.actor.dynamic_batching")
     ulysses_size: int = _mirror(1, "worker.actor.ulysses_size")
     use_torch_compile: bool = _mirror(False, "worker.actor.use_torch_compile")
@@ -385,6 +391,11 @@ class TrainerConfig:
     load_checkpoint_path: str | None = _option(None, "a global_step_N directory to resume from")
     find_last_checkpoint: bool = _option(True, "resume from the latest checkpoint in save_checkpoint_path if any")
     device: str = _option("auto", f"device: {', '.join(DEVICES)} (auto: cuda when available)")
+    peak_flops_per_device: float | None = _option(
+        None,
+        "peak FLOP/s of one worker's device for perf/mfu (null: the GPU's data-sheet bf16 figure, or on CPU a "
+        "matmul timing at the actor's compute dtype taken once per worker)",
+    )
     seed: int = _option(1, "global seed of torch, numpy and python")
     log_dir: str | None = _option(None, "directory of the file logger (null: save_checkpoint_path)")
 
@@ -397,6 +408,7 @@ _MIRRORS = {
     "worker.actor.kl_coef": "algorithm.kl_coef",
     "worker.ref.micro_batch_size_per_device_for_experience": "worker.actor.micro_batch_size_per_device_for_experience",
     "worker.ref.padding_free": "worker.actor.padding_free",
+    "worker.ref.share_prompt": "worker.actor.share_prompt",
     "worker.ref.dynamic_batching": "worker.actor.dynamic_batching",
     "worker.ref.ulysses_size": "worker.actor.ulysses_size",
     "worker.ref.use_torch_compile": "worker.actor.use_torch_compile",
@@ -752,7 +764,10 @@ _UNIT = (lambda v: 0 <= v <= 1, "in [0, 1]")
 _UNIT_OR_NULL = (lambda v: v is None or 0 <= v <= 1, "in [0, 1] or null")
 _OPEN_UNIT = (lambda v: 0 < v <= 1, "in (0, 1]")
 
+_POSITIVE_OR_NULL = (lambda v: v is None or v > 0, "positive (FLOP/s) or null")
+
 _RANGES = {
+    "trainer.peak_flops_per_device": _POSITIVE_OR_NULL,
     "data.max_prompt_length": _AT_LEAST_ONE,
     "data.max_response_length": _AT_LEAST_ONE,
     "data.rollout_batch_size": _AT_LEAST_ONE,

@@ -68,6 +68,7 @@ def mixed_setup(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path_factory):
 
 def single_process(model_dir, actor_config, batch, padding_free: bool, dynamic: bool, micro: int = 2) -> dict:
     actor_config.padding_free, actor_config.dynamic_batching = padding_free, dynamic
+    actor_config.share_prompt = False  # the reference is the plain padded forward (prompt sharing has its own tests)
     actor_config.micro_batch_size_per_device_for_update = micro
     return log_probs_and_update(build_actor(model_dir, actor_config, shard=False), batch, len(batch))
 

@@ -4,6 +4,7 @@ import os
 import resource
 
 import pytest
+import torch
 
 from easyr1.logging import perf
 from easyr1.logging.perf import PEAK_BF16_FLOPS, memory_metrics, model_flops_utilization, peak_flops
@@ -111,3 +112,14 @@ def test_no_device_metrics_without_cuda_use():
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         pytest.skip("CUDA already in use in this process")
     assert set(memory_metrics()) == {"perf/max_host_memory_gb"}
+
+
+def test_device_peak_flops_prefers_the_configured_value_and_measures_a_cpu():
+    from easyr1.logging.perf import device_peak_flops, measured_matmul_flops
+
+    assert device_peak_flops("cpu", torch.float32, configured=5e10) == 5e10
+    measured = device_peak_flops("cpu", torch.float32)
+    # a real CPU does between 1 GFLOP/s and 100 TFLOP/s on a 512-square fp32 matmul
+    assert 1e9 < measured < 1e14
+    # measured once per process and thread count: the second call is the cached value
+    assert measured_matmul_flops(torch.float32, torch.get_num_threads()) == measured

@@ -1,10 +1,13 @@
 """Hardware numbers for the metrics: memory peaks of a worker since its last report, the device memory in use, and
-model FLOPs utilisation where the device's peak throughput is known."""
+model FLOPs utilisation against the device's peak throughput (a GPU's data-sheet figure, a CPU's measured one, or the
+configured ``trainer.peak_flops_per_device``)."""
 
 from __future__ import annotations
 
+import functools
 import re
 import resource
+import time
 from pathlib import Path
 
 import torch
@@ -65,6 +68,38 @@ def peak_flops(device_name: str) -> float | None:
         if pattern.search(device_name):
             return PEAK_BF16_FLOPS[key]
     return None
+
+
+@functools.cache
+def measured_matmul_flops(dtype: torch.dtype = torch.float32, threads: int | None = None, size: int = 512) -> float:
+    """Best FLOP/s of ``size``-square ``dtype`` matmuls on the CPU with this process's threads, measured once per
+    process (about 0.2 s): the peak the CPU reaches on the dense products a training step is made of.
+
+    ``threads`` is only part of the cache key (callers pass ``torch.get_num_threads()``), so a change of thread count
+    measures again.
+    """
+    del threads  # the measurement runs with the current setting
+    generator = torch.Generator().manual_seed(0)
+    first = torch.randn(size, size, generator=generator).to(dtype)
+    second = torch.randn(size, size, generator=generator).to(dtype)
+    torch.matmul(first, second)  # warm-up: first-call allocation and kernel selection
+    best = float("inf")
+    deadline = time.perf_counter() + 0.2
+    while time.perf_counter() < deadline:
+        start = time.perf_counter()
+        torch.matmul(first, second)
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * size**3 / max(best, 1e-9)
+
+
+def device_peak_flops(device: str, dtype: torch.dtype, configured: float | None = None) -> float | None:
+    """Peak FLOP/s for the MFU: ``configured`` when given; on CUDA the data-sheet dense bf16 figure
+    (:func:`peak_flops`, ``None`` for unlisted GPUs); on CPU :func:`measured_matmul_flops` at ``dtype``."""
+    if configured is not None:
+        return float(configured)
+    if device == "cuda":
+        return peak_flops(torch.cuda.get_device_name())
+    return measured_matmul_flops(dtype, torch.get_num_threads())
 
 
 def model_flops_utilization(num_parameters: int, tokens: int, passes: float, seconds: float, peak: float) -> float:

@@ -9,6 +9,7 @@ mini-batch, so the update does not depend on the micro-batch size or the number 
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from contextlib import nullcontext
 from typing import Any
@@ -32,8 +33,18 @@ from easyr1.algorithms.logits import compile_allowed
 from easyr1.distributed.fsdp import full_tensor
 from easyr1.models.vision_tower import vision_keepalive
 from easyr1.protocol import Batch
-from easyr1.workers.packing import packed_response_logits, token_budget_groups
+from easyr1.workers.packing import (
+    packed_response_logits,
+    prompt_group_units,
+    prompt_groups,
+    shared_response_logits,
+    shared_token_count,
+    token_budget_groups,
+)
 from easyr1.workers.placement import batch_to, to_host
+
+
+logger = logging.getLogger(__name__)
 
 
 def merge_vision_inputs(rows: Any) -> dict[str, torch.Tensor]:
@@ -74,6 +85,30 @@ def forward_inputs(micro_batch: Batch) -> dict[str, torch.Tensor]:
     }
 
 
+def shares_prompts(model: nn.Module, requested: bool) -> bool:
+    """Whether the forward can share prompts (``requested`` and an attention that honours a custom 4D mask).
+
+    Flash attention takes no dense mask, so there the forward falls back to padding-free packing (one notice).
+    """
+    global _FLASH_NOTICE_GIVEN
+    if not requested:
+        return False
+    implementation = str(getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa")
+    if "flash" not in implementation:
+        return True
+    if not _FLASH_NOTICE_GIVEN:
+        logger.warning(
+            "worker.actor.share_prompt=true needs sdpa or eager attention (a custom 4D mask); with %s each sample's "
+            "prompt runs again (padding-free packing)",
+            implementation,
+        )
+        _FLASH_NOTICE_GIVEN = True
+    return False
+
+
+_FLASH_NOTICE_GIVEN = False
+
+
 def response_log_probs(
     model: nn.Module,
     micro_batch: Batch,
@@ -82,13 +117,18 @@ def response_log_probs(
     banned_token_ids: list[int] | None = None,
     padding_free: bool = False,
     compiled: bool = False,
+    share_prompt: bool = False,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and optionally entropies) of the response tokens under ``model``.
 
     Shapes: ``input_ids`` / ``attention_mask`` (B, P + R), ``position_ids`` (B, 4, P + R) or (B, P + R),
     ``responses`` (B, R); returns (B, R) tensors in float32. ``padding_free`` packs the micro-batch into one row
-    (same values, no compute spent on padding; see :mod:`easyr1.workers.packing`). ``compiled`` runs the log-prob and
-    entropy chunks through ``torch.compile`` (:func:`~easyr1.algorithms.logits.compile_allowed`).
+    (same values, no compute spent on padding; see :mod:`easyr1.workers.packing`). ``share_prompt`` packs it with
+    the prompt of rows that share one laid out once (implies the padding-free layout; falls back to it under flash
+    attention, see :func:`shares_prompts`). ``compiled`` runs the log-prob and entropy chunks through
+    ``torch.compile`` (:func:`~easyr1.algorithms.logits.compile_allowed`). ``entropy_grad=False`` computes the
+    entropy without a graph (a metric only: nothing to back-propagate).
     """
     responses = micro_batch["responses"]
     response_length = responses.shape[-1]
@@ -96,22 +136,53 @@ def response_log_probs(
     vision = {key: value for key, value in inputs.items() if key not in _TEXT_INPUTS}
     # before the forward: see models/vision_tower.py; on the inputs' device, which FSDP CPU offload does not share
     keepalive = vision_keepalive(model, model, vision, device=responses.device)
-    if padding_free:
-        ids, mask, positions = (micro_batch[key] for key in _TEXT_INPUTS)
+    ids, mask, positions = (micro_batch[key] for key in _TEXT_INPUTS)
+    if shares_prompts(model, share_prompt):
+        vision_rows = micro_batch["multi_modal_inputs"] if "multi_modal_inputs" in micro_batch else None
+        logits = shared_response_logits(model, ids, mask, positions, response_length, vision_rows, merge_vision_inputs)
+    elif padding_free or share_prompt:
         logits = packed_response_logits(model, ids, mask, positions, response_length, vision)
     else:
         # the logits that predict the response tokens (and one extra, dropped)
         logits = model(**inputs, use_cache=False, logits_to_keep=response_length + 1).logits[:, :-1]
-    if keepalive is not None:
-        logits = logits + keepalive.to(logits.dtype)
-    # (B, R, V) from here; the log-prob helpers upcast chunk by chunk
-    bias = banned_token_bias(logits.shape[-1], banned_token_ids or [], logits.dtype)
-    if bias is not None:
-        logits = logits + bias.to(logits.device)
-    logits = logits / temperature
+    logits = _scored_logits(logits, temperature, banned_token_ids or [], keepalive)
     log_probs = log_probs_from_logits(logits, responses, compiled=compiled)
-    entropy = entropy_from_logits(logits, compiled=compiled) if with_entropy else None
+    entropy = None
+    if with_entropy:
+        with nullcontext() if entropy_grad else torch.no_grad():
+            entropy = entropy_from_logits(logits, compiled=compiled)
     return log_probs, entropy
+
+
+def _scored_logits(
+    logits: torch.Tensor, temperature: float, banned_token_ids: list[int], keepalive: torch.Tensor | None
+) -> torch.Tensor:
+    """``(logits + bias + keepalive) / temperature`` with at most one full-size copy of the (B, R, V) logits.
+
+    The bias and the keepalive zero are folded into one (V,) vector first; the division then runs in place on the
+    copy the addition made (neither backward needs the tensor it overwrites).
+    """
+    shift = banned_token_bias(logits.shape[-1], banned_token_ids, logits.dtype)
+    if shift is not None:
+        shift = shift.to(logits.device)
+    if keepalive is not None:
+        keepalive = keepalive.to(logits.device, logits.dtype)
+        shift = keepalive if shift is None else shift + keepalive
+    if shift is not None:
+        logits = logits + shift
+        return logits.div_(temperature) if temperature != 1.0 else logits
+    return logits / temperature if temperature != 1.0 else logits
+
+
+def computed_tokens(micro_batch: Batch, share_prompt: bool) -> int:
+    """Tokens a forward of ``micro_batch`` runs through the model: the valid tokens, each shared prompt once."""
+    mask = micro_batch["attention_mask"]
+    if not share_prompt:
+        return int(mask.sum())
+    response_length = micro_batch["responses"].shape[-1]
+    vision_rows = micro_batch["multi_modal_inputs"] if "multi_modal_inputs" in micro_batch else None
+    groups = prompt_groups(micro_batch["input_ids"], mask, response_length, vision_rows)
+    return shared_token_count(mask, response_length, groups)
 
 
 _TEXT_INPUTS = ("input_ids", "attention_mask", "position_ids")
@@ -128,12 +199,16 @@ ACTOR_FIELDS = (
 )
 
 
-def micro_batches(batch: Batch, micro_batch_size: int, dynamic: bool) -> list[tuple[list[int], Batch]]:
+def micro_batches(
+    batch: Batch, micro_batch_size: int, dynamic: bool, share_prompt: bool = False
+) -> list[tuple[list[int], Batch]]:
     """The micro-batches of ``batch`` with the row indices each holds.
 
     Fixed: consecutive slices of ``micro_batch_size`` rows. Dynamic: groups of near-equal token count, as many
     as ``micro_batch_size`` full-length rows would need (``ceil(tokens / (micro_batch_size * L))``), agreed across
-    ranks (the maximum) so every rank runs the same number of forward passes.
+    ranks (the maximum) so every rank runs the same number of forward passes. With ``share_prompt`` the dynamic
+    groups keep a prompt's samples together (split only when there are fewer prompts than micro-batches) and are
+    weighed by the tokens the shared forward computes.
     """
     size = max(micro_batch_size, 1)
     if not dynamic:
@@ -144,7 +219,18 @@ def micro_batches(batch: Batch, micro_batch_size: int, dynamic: bool) -> list[tu
     count = torch.tensor([min(-(-sum(token_counts) // budget), len(batch))])
     if dist.is_initialized():
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
-    groups = token_budget_groups(token_counts, int(count.item()))
+    if not share_prompt:
+        groups = token_budget_groups(token_counts, int(count.item()))
+        return [(group, batch.index(group)) for group in groups]
+    mask, response_length = batch["attention_mask"], batch["responses"].shape[-1]
+    vision_rows = batch["multi_modal_inputs"] if "multi_modal_inputs" in batch else None
+    prompts = prompt_groups(batch["input_ids"], mask, response_length, vision_rows)
+    units = prompt_group_units(prompts, token_counts, int(count.item()))
+    unit_tokens = [shared_token_count(mask, response_length, [unit]) for unit in units]
+    groups = [
+        sorted(row for unit in unit_group for row in units[unit])
+        for unit_group in token_budget_groups(unit_tokens, int(count.item()))
+    ]
     return [(group, batch.index(group)) for group in groups]
 
 
@@ -204,6 +290,8 @@ class Actor:
         self.config = config
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
+        # tokens the forwards ran through the model (shared prompts once); the worker reads it for the MFU
+        self.computed_tokens = 0
 
     @torch.no_grad()
     def compute_log_probs(self, batch: Batch, temperature: float, micro_batch_size: int) -> torch.Tensor:
@@ -212,13 +300,15 @@ class Actor:
         with self.model.disable_adapter() if self.adapters_disabled else nullcontext():
             parts = [
                 (rows, self._log_probs(batch_to(micro, self.device), temperature)[0])
-                for rows, micro in micro_batches(batch, micro_batch_size, self.config.dynamic_batching)
+                for rows, micro in self._micro_batches(batch, micro_batch_size)
             ]
         return in_original_order(parts)
 
     def _log_probs(
         self, micro_batch: Batch, temperature: float, with_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        share_prompt = shares_prompts(self.model, getattr(self.config, "share_prompt", False))
+        self.computed_tokens += computed_tokens(micro_batch, share_prompt)
         return response_log_probs(
             self.model,
             micro_batch,
@@ -227,6 +317,15 @@ class Actor:
             banned_token_ids=self.banned_token_ids,
             padding_free=self.config.padding_free,
             compiled=self.compiled,
+            share_prompt=share_prompt,
+            # without an entropy bonus the entropy is only a metric: no graph for it
+            entropy_grad=bool(getattr(self.config, "entropy_coeff", 0.0)),
+        )
+
+    def _micro_batches(self, batch: Batch, micro_batch_size: int) -> list[tuple[list[int], Batch]]:
+        """:func:`micro_batches` with this actor's dynamic-batching and prompt-sharing settings."""
+        return micro_batches(
+            batch, micro_batch_size, self.config.dynamic_batching, getattr(self.config, "share_prompt", False)
         )
 
     def update_policy(self, batch: Batch, temperature: float, mini_batch_size: int) -> dict[str, float]:
@@ -303,9 +402,7 @@ class Actor:
         )
         sums: dict[str, float] = defaultdict(float)
         # the loss is a sum over micro-batches normalised by global counts, so their grouping does not matter
-        for rows, micro in micro_batches(
-            mini_batch, config.micro_batch_size_per_device_for_update, config.dynamic_batching
-        ):
+        for rows, micro in self._micro_batches(mini_batch, config.micro_batch_size_per_device_for_update):
             micro = batch_to(micro, self.device)
             micro_mask = micro["response_mask"]
             log_probs, entropy = self._log_probs(micro, temperature, with_entropy=True)

@@ -27,7 +27,7 @@ from easyr1.distributed.offload import Residency
 from easyr1.distributed.precision import Precision, resolve_precision
 from easyr1.distributed.tensor_parallel import TensorParallelGroup
 from easyr1.distributed.worker import Worker, device_type
-from easyr1.logging.perf import memory_metrics, model_flops_utilization, peak_flops
+from easyr1.logging.perf import device_peak_flops, memory_metrics, model_flops_utilization
 from easyr1.models.loading import (
     DTYPES,
     build_empty_model,
@@ -354,6 +354,7 @@ class HybridWorker(Worker):
     def update_actor(self, batch: Batch, temperature: float, mini_batch_size: int) -> dict[str, float]:
         """One policy update on this rank's share (``batch`` carries ``old_log_probs``); the engine's weights are
         stale afterwards."""
+        self.actor.computed_tokens = 0  # counted by the forwards, for the MFU
         start = time.perf_counter()
         with self.actor_residency.on_device(optimizer=True):
             metrics = self.actor.update_policy(batch, temperature, mini_batch_size)
@@ -374,6 +375,7 @@ class HybridWorker(Worker):
                 f"{mini_batch_size} and ppo_epochs={self.config.worker.actor.ppo_epochs}"
             )
         algorithm = self.config.algorithm
+        self.actor.computed_tokens = 0  # counted by the forwards, for the MFU
         start = time.perf_counter()
         with self.actor_residency.on_device(optimizer=True):
             metrics, log_probs = self.actor.update_on_policy(
@@ -386,12 +388,11 @@ class HybridWorker(Worker):
         """Mark the engine's weights stale and add the memory (and, where the peak is known, MFU) metrics."""
         self.weights_stale = True
         metrics.update(memory_metrics())
-        peak = peak_flops(torch.cuda.get_device_name()) if self.device == "cuda" else None
-        if peak is not None:  # model FLOPs utilisation where the device's peak is known
-            tokens = int(batch["attention_mask"].sum()) * self.config.worker.actor.ppo_epochs
+        peak = device_peak_flops(self.device, self.precision.compute, self.config.trainer.peak_flops_per_device)
+        if peak is not None:  # model FLOPs utilisation where the device's peak is known or measured
+            # the tokens this rank's forwards ran (every PPO epoch; a shared prompt once per micro-batch)
             parameters = sum(p.numel() for p in self.actor.model.parameters())  # DTensors count their full shape
-            # this rank's tokens through the whole model, on this rank's device
-            metrics["perf/mfu"] = model_flops_utilization(parameters, tokens, 3, seconds, peak)
+            metrics["perf/mfu"] = model_flops_utilization(parameters, self.actor.computed_tokens, 3, seconds, peak)
         return metrics
 
     # ------------------------------------------------------------------------------------------- checkpoints

@@ -8,12 +8,23 @@ no sample attends to another. The logits that predict response token ``k`` of sa
 ``response_index[i, k]``: the model is asked for exactly those (``logits_to_keep``), so the log-prob code gets
 the same ``(B, R, V)`` tensor as in the padded path.
 
-:func:`token_budget_groups` forms micro-batches by token count instead of sample count (dynamic batching).
+:func:`pack_shared` goes further for GRPO-style batches, where each prompt has n samples: rows of a micro-batch whose
+prompt is identical (:func:`prompt_groups`: same valid prompt ids, same vision inputs) are laid out as the prompt's
+tokens once, then each response's tokens. Each response attends to its group's prompt and causally to its own earlier
+tokens only, through an explicit ``(1, 1, T, T)`` boolean mask; its positions are its own row's, so they continue from
+the prompt's. The prompt (and its images) then runs through the model once per group instead of once per sample, and
+the result is the same as packing every row on its own: the gradient reaching the shared prompt is the sum of what
+each response sends back.
+
+:func:`token_budget_groups` forms micro-batches by token count instead of sample count (dynamic batching);
+:func:`prompt_group_units` keeps a prompt's samples in one micro-batch there when prompts are shared.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -57,6 +68,152 @@ def _restarting_positions(lengths: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.arange(int(length), device=lengths.device) for length in lengths.tolist()])
 
 
+@dataclass
+class SharedPackedInputs:
+    """One micro-batch packed into a single row, each group's prompt once (see :func:`pack_shared`)."""
+
+    input_ids: torch.Tensor  # (1, T)
+    position_ids: torch.Tensor  # (4, 1, T) for m-rope models, (1, T) otherwise
+    attention_mask: torch.Tensor  # (1, 1, T, T) boolean: True where the query (row) may attend to the key (column)
+    response_index: torch.Tensor  # (B, R): packed index of the logit that predicts each response token
+    representatives: list[int]  # per group, the row whose prompt (and vision inputs) the packed row carries
+
+
+def _same_vision(first: dict[str, torch.Tensor] | None, second: dict[str, torch.Tensor] | None) -> bool:
+    first, second = first or {}, second or {}
+    if first.keys() != second.keys():
+        return False
+    return all(
+        first[key].shape == second[key].shape
+        and first[key].dtype == second[key].dtype
+        and torch.equal(first[key], second[key])
+        for key in first
+    )
+
+
+def prompt_groups(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    vision_rows: Sequence[dict[str, torch.Tensor] | None] | None = None,
+) -> list[list[int]]:
+    """Row indices grouped by identical prompt, groups in order of their first row, rows ascending within a group.
+
+    Two rows share a prompt when their valid prompt token ids are equal (left padding may differ) and their vision
+    inputs (``multi_modal_inputs`` of each row: same keys, equal tensors) are equal. ``vision_rows`` ``None`` means
+    text only.
+    """
+    prompt_length = input_ids.shape[-1] - response_length
+    prompt_valid = attention_mask[:, :prompt_length].bool()
+    groups: list[list[int]] = []
+    by_ids: dict[tuple[int, ...], list[int]] = {}  # prompt ids -> indices into groups
+    for row in range(input_ids.shape[0]):
+        key = tuple(input_ids[row, :prompt_length][prompt_valid[row]].tolist())
+        vision = vision_rows[row] if vision_rows is not None else None
+        for group_index in by_ids.setdefault(key, []):
+            first = groups[group_index][0]
+            if _same_vision(vision_rows[first] if vision_rows is not None else None, vision):
+                groups[group_index].append(row)
+                break
+        else:
+            by_ids[key].append(len(groups))
+            groups.append([row])
+    return groups
+
+
+def pack_shared(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_length: int,
+    groups: list[list[int]],
+) -> SharedPackedInputs:
+    """Pack a padded micro-batch with each group's prompt once; see the module docstring for the layout.
+
+    Shapes as in :func:`pack`; ``groups`` from :func:`prompt_groups` (every row in exactly one group). All four
+    position rows are taken from the rows themselves: the group's first row for the prompt, each row for its
+    response. Response slots beyond a sample's length point at its group's last prompt logit (masked downstream).
+    """
+    if response_length < 1:
+        raise ValueError(f"prompt sharing needs responses, got response_length={response_length}")
+    device = input_ids.device
+    prompt_length = input_ids.shape[-1] - response_length
+    valid = attention_mask.bool()
+    batch_size = input_ids.shape[0]
+    columns: list[torch.Tensor] = []  # per segment: the (row, column) source of each packed token
+    source_rows: list[torch.Tensor] = []
+    segment_of_token: list[torch.Tensor] = []  # per token: its segment id (every prompt and response one segment)
+    group_of_token: list[torch.Tensor] = []
+    prompt_segments: list[int] = []
+    response_index = torch.zeros(batch_size, response_length, dtype=torch.long, device=device)
+    offsets = torch.arange(response_length, device=device)
+    cursor, segment = 0, 0
+    for group_index, rows in enumerate(groups):
+        first = rows[0]
+        prompt_columns = torch.nonzero(valid[first, :prompt_length]).squeeze(-1)
+        if prompt_columns.numel() == 0:
+            raise ValueError(f"row {first} has an empty prompt; prompt sharing needs at least one prompt token")
+        last_prompt = cursor + prompt_columns.numel() - 1
+        spans = [(first, prompt_columns)]
+        prompt_segments.append(segment)
+        for row in rows:
+            response_columns = prompt_length + torch.nonzero(valid[row, prompt_length:]).squeeze(-1)
+            start = last_prompt + 1 + sum(span.numel() for _, span in spans[1:])
+            # the logit before response token k: the prompt's last for k = 0, else the row's own token k - 1
+            index = torch.where(offsets == 0, last_prompt, start + offsets - 1)
+            response_index[row] = torch.where(valid[row, prompt_length:], index, last_prompt)
+            spans.append((row, response_columns))
+        for row, span_columns in spans:
+            columns.append(span_columns)
+            source_rows.append(torch.full_like(span_columns, row))
+            segment_of_token.append(torch.full_like(span_columns, segment))
+            group_of_token.append(torch.full_like(span_columns, group_index))
+            cursor += span_columns.numel()
+            segment += 1
+    column = torch.cat(columns)
+    source = torch.cat(source_rows)
+    segments = torch.cat(segment_of_token)
+    token_groups = torch.cat(group_of_token)
+    packed_ids = input_ids[source, column].unsqueeze(0)
+    if position_ids.dim() == 3:  # (B, 4, L) -> (4, 1, T)
+        packed_positions = position_ids[source, :, column].transpose(0, 1).unsqueeze(1).contiguous()
+    else:
+        packed_positions = position_ids[source, column].unsqueeze(0)
+    is_prompt = torch.isin(segments, torch.tensor(prompt_segments, device=device))
+    total = column.numel()
+    causal = torch.ones(total, total, dtype=torch.bool, device=device).tril()
+    same_group = token_groups.unsqueeze(1) == token_groups.unsqueeze(0)
+    # a key is visible to a query of its group when it is the group's prompt or the query's own segment
+    visible_segment = is_prompt.unsqueeze(0) | (segments.unsqueeze(1) == segments.unsqueeze(0))
+    mask = (causal & same_group & visible_segment).view(1, 1, total, total)
+    return SharedPackedInputs(packed_ids, packed_positions, mask, response_index, [rows[0] for rows in groups])
+
+
+def shared_token_count(attention_mask: torch.Tensor, response_length: int, groups: list[list[int]]) -> int:
+    """Tokens a :func:`pack_shared` row holds: each group's prompt once plus every response."""
+    prompt_length = attention_mask.shape[-1] - response_length
+    prompts = sum(int(attention_mask[rows[0], :prompt_length].sum()) for rows in groups)
+    return prompts + int(attention_mask[:, prompt_length:].sum())
+
+
+def prompt_group_units(groups: list[list[int]], token_counts: list[int], min_units: int) -> list[list[int]]:
+    """Units for token-budget micro-batching that keep each prompt group whole where ``min_units`` allows.
+
+    Groups are the units; while there are fewer than ``min_units`` (every micro-batch needs one), the heaviest unit
+    is halved. Returns the units (row indices), for :func:`token_budget_groups` over their token sums.
+    """
+    units = [list(rows) for rows in groups]
+    while len(units) < min_units:
+        splittable = [i for i, unit in enumerate(units) if len(unit) > 1]
+        if not splittable:
+            break
+        heaviest = max(splittable, key=lambda i: (sum(token_counts[row] for row in units[i]), -i))
+        unit = units.pop(heaviest)
+        half = len(unit) // 2
+        units[heaviest:heaviest] = [unit[:half], unit[half:]]
+    return units
+
+
 def token_budget_groups(token_counts: list[int], num_groups: int) -> list[list[int]]:
     """Split sample indices into ``num_groups`` groups of near-equal token totals (longest first, to the lightest
     group), each group's indices in ascending order. Callers pick ``num_groups`` as
@@ -94,3 +251,39 @@ def packed_response_logits(
         **vision_inputs,
     )
     return output.logits.reshape(batch_size, response_length, -1)
+
+
+def shared_response_logits(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_length: int,
+    vision_rows: Sequence[dict[str, torch.Tensor] | None] | None,
+    merge_vision: Any,
+    groups: list[list[int]] | None = None,
+) -> torch.Tensor:
+    """(B, R, V) logits predicting the response tokens, from one forward with each group's prompt once.
+
+    ``vision_rows``: each row's vision inputs (``None`` for text only); ``merge_vision`` concatenates a list of them
+    into the model's keyword arguments. Only the groups' first rows' vision inputs are given to the model, so each
+    image is encoded once per group. Needs an attention implementation that honours a custom 4D mask (sdpa, eager).
+    """
+    if groups is None:
+        groups = prompt_groups(input_ids, attention_mask, response_length, vision_rows)
+    packed = pack_shared(input_ids, attention_mask, position_ids, response_length, groups)
+    vision = merge_vision([vision_rows[row] for row in packed.representatives]) if vision_rows is not None else {}
+    mask = packed.attention_mask
+    if getattr(model.config, "_attn_implementation", "sdpa") == "eager":
+        # eager attention adds the mask to the scores: it needs the additive form
+        dtype = next(model.parameters()).dtype
+        mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
+    output = model(
+        input_ids=packed.input_ids,
+        position_ids=packed.position_ids,
+        attention_mask=mask,
+        use_cache=False,
+        logits_to_keep=packed.response_index.reshape(-1),
+        **vision,
+    )
+    return output.logits.reshape(input_ids.shape[0], response_length, -1)
