@@ -185,6 +185,9 @@ def run_env(threads: int) -> dict[str, str]:
         LOCAL_RANK="0",
         WORLD_SIZE="1",
         MASTER_ADDR="127.0.0.1",
+        # Ray starts its workers at niceness +15 by default; on a machine shared with other work they would then
+        # get a fraction of the CPU the TRL process (niceness 0) gets. Same priority on both sides.
+        RAY_worker_niceness="0",
     )
     env.setdefault("MASTER_PORT", "29561")
     return env
