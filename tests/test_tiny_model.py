@@ -84,6 +84,28 @@ def test_same_seed_gives_identical_files_and_another_seed_does_not(tmp_path, tin
     assert (other / "tokenizer.json").read_bytes() == (again / "tokenizer.json").read_bytes()
 
 
+def test_size_arguments_build_a_larger_model_that_runs_a_forward(tmp_path, tiny_qwen2_5_vl_dir):
+    path = build_tiny_model(tmp_path / "wide", hidden_size=256, num_layers=3, intermediate_size=512)
+    text = AutoConfig.from_pretrained(path).text_config
+    assert (text.hidden_size, text.num_hidden_layers, text.intermediate_size) == (256, 3, 512)
+    assert (text.num_attention_heads, text.num_key_value_heads) == (8, 4)  # head_dim stays 32
+    model = AutoModelForImageTextToText.from_pretrained(path)
+    default = AutoModelForImageTextToText.from_pretrained(tiny_qwen2_5_vl_dir)
+    assert model.config.vision_config.out_hidden_size == 256  # the merger feeds the wider language model
+    assert sum(p.numel() for p in model.parameters()) > 2 * sum(p.numel() for p in default.parameters())
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    ids = torch.tensor([tokenizer.encode("What colour is the shape?", add_special_tokens=False)])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    assert logits.shape == (1, ids.shape[1], len(tokenizer)) and torch.isfinite(logits).all()
+
+
+def test_size_arguments_reject_a_head_dim_other_than_32(tmp_path):
+    with pytest.raises(ValueError, match="32 \\* num_heads"):
+        build_tiny_model(tmp_path / "bad", hidden_size=256, num_heads=4)
+    assert not (tmp_path / "bad" / "model.safetensors").exists()
+
+
 @pytest.mark.parametrize("family", VISION_FAMILIES)
 def test_config_matches_tokenizer_and_size_limits(tiny_model_dir, family):
     path = tiny_model_dir(family)

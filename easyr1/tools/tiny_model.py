@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -86,6 +87,30 @@ _FAMILY_SETTINGS = {
     "qwen2_5_vl": {"patch_size": 14, "min_pixels": 56 * 56, "max_pixels": 112 * 112},
     "qwen3_vl": {"patch_size": 16, "min_pixels": 64 * 64, "max_pixels": 128 * 128},
 }
+
+
+@dataclass(frozen=True)
+class TextShape:
+    """Sizes of the language model; the defaults are the tiny model the demo and the tests use (0.8 M parameters
+    with its vision tower). The head dimension stays 32 (``hidden_size / num_heads``): the m-rope sections and
+    vLLM's CPU attention assume it."""
+
+    hidden_size: int = 128
+    num_layers: int = 2
+    intermediate_size: int = 256
+    num_heads: int = 4
+    num_kv_heads: int = 2
+
+    def __post_init__(self) -> None:
+        if self.hidden_size != 32 * self.num_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be 32 * num_heads ({self.num_heads}): the tiny models keep "
+                "head_dim 32; pass num_heads=hidden_size // 32"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        if min(self.num_layers, self.intermediate_size) < 1:
+            raise ValueError(f"num_layers and intermediate_size must be positive, got {self}")
 
 
 def _training_text() -> str:
@@ -177,8 +202,10 @@ def _check_tokenizer(tokenizer: Qwen2Tokenizer, base_size: int) -> None:
                 raise RuntimeError(f"{text!r} is not a single token in the tiny tokenizer: {pieces}")
 
 
-def _model_config(family: str, tokenizer: Qwen2Tokenizer) -> PretrainedConfig:
-    """The transformers config of the tiny model for ``family``, with token ids taken from ``tokenizer``."""
+def _model_config(family: str, tokenizer: Qwen2Tokenizer, shape: TextShape | None = None) -> PretrainedConfig:
+    """The transformers config of the tiny model for ``family``, with token ids taken from ``tokenizer`` and the
+    language model's sizes from ``shape`` (the default shape when ``None``)."""
+    shape = shape or TextShape()
     from transformers import LlamaConfig, Qwen2_5_VLConfig, Qwen2Config, Qwen2VLConfig, Qwen3Config, Qwen3VLConfig
 
     token_ids = {
@@ -191,11 +218,11 @@ def _model_config(family: str, tokenizer: Qwen2Tokenizer) -> PretrainedConfig:
     pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     text = {
         "vocab_size": len(tokenizer),
-        "hidden_size": 128,
-        "intermediate_size": 256,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,  # head_dim 32: vLLM's CPU attention needs head_dim >= 32
-        "num_key_value_heads": 2,
+        "hidden_size": shape.hidden_size,
+        "intermediate_size": shape.intermediate_size,
+        "num_hidden_layers": shape.num_layers,
+        "num_attention_heads": shape.num_heads,  # head_dim 32: vLLM's CPU attention needs head_dim >= 32
+        "num_key_value_heads": shape.num_kv_heads,
         "max_position_embeddings": 8192,
         "rms_norm_eps": 1e-6,
         "bos_token_id": pad_id,
@@ -215,7 +242,7 @@ def _model_config(family: str, tokenizer: Qwen2Tokenizer) -> PretrainedConfig:
         vision = {
             "depth": 2,
             "embed_dim": 64,
-            "hidden_size": 128,  # Qwen2-VL's merger output width = the language model's hidden size
+            "hidden_size": shape.hidden_size,  # Qwen2-VL's merger output width = the language model's hidden size
             "num_heads": 2,
             "mlp_ratio": 2,
             "patch_size": patch_size,
@@ -230,7 +257,7 @@ def _model_config(family: str, tokenizer: Qwen2Tokenizer) -> PretrainedConfig:
             "hidden_size": 64,
             "intermediate_size": 128,
             "num_heads": 2,
-            "out_hidden_size": 128,
+            "out_hidden_size": shape.hidden_size,
             "patch_size": patch_size,
             "spatial_merge_size": 2,
             "temporal_patch_size": 2,
@@ -252,7 +279,7 @@ def _model_config(family: str, tokenizer: Qwen2Tokenizer) -> PretrainedConfig:
             "hidden_size": 64,
             "intermediate_size": 128,
             "num_heads": 2,
-            "out_hidden_size": 128,
+            "out_hidden_size": shape.hidden_size,
             "patch_size": patch_size,
             "spatial_merge_size": 2,
             "temporal_patch_size": 2,
@@ -295,12 +322,33 @@ def _processor(family: str, tokenizer: Qwen2Tokenizer) -> ProcessorMixin:
     return processor_class(image_processor, tokenizer, video_processor, chat_template=CHAT_TEMPLATE)
 
 
-def build_tiny_model(out_dir: str | Path, family: str = "qwen2_5_vl", seed: int = 0) -> Path:
+def build_tiny_model(
+    out_dir: str | Path,
+    family: str = "qwen2_5_vl",
+    seed: int = 0,
+    *,
+    hidden_size: int = 128,
+    num_layers: int = 2,
+    intermediate_size: int = 256,
+    num_heads: int | None = None,
+    num_kv_heads: int | None = None,
+) -> Path:
     """Write a tiny random ``family`` model, its tokenizer, processor (vision families) and generation config
     into ``out_dir``.
 
-    The same seed gives byte-identical weights. Returns ``out_dir`` as a Path.
+    The keyword arguments size the language model (the vision tower stays the same, its output width follows
+    ``hidden_size``); the defaults build the 0.8 M-parameter model the demo and the tests use. ``num_heads``
+    defaults to ``hidden_size // 32`` (head_dim 32), ``num_kv_heads`` to half of it. The same seed and sizes give
+    byte-identical weights. Returns ``out_dir`` as a Path.
     """
+    heads = num_heads if num_heads is not None else max(hidden_size // 32, 1)
+    shape = TextShape(
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        intermediate_size=intermediate_size,
+        num_heads=heads,
+        num_kv_heads=num_kv_heads if num_kv_heads is not None else max(heads // 2, 1),
+    )
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, GenerationConfig
 
     if family not in FAMILIES:
@@ -308,7 +356,7 @@ def build_tiny_model(out_dir: str | Path, family: str = "qwen2_5_vl", seed: int 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
-    config = _model_config(family, tokenizer)
+    config = _model_config(family, tokenizer, shape)
 
     # Seed a private generator state so building a model does not disturb the caller's random stream.
     with torch.random.fork_rng(devices=[]):
@@ -331,8 +379,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("out_dir", help="directory to write the model into (created if missing)")
     parser.add_argument("--family", default="qwen2_5_vl", choices=FAMILIES, help="model architecture")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    parser.add_argument("--hidden-size", type=int, default=128, help="language model width (head_dim stays 32)")
+    parser.add_argument("--num-layers", type=int, default=2, help="language model layers")
+    parser.add_argument("--intermediate-size", type=int, default=256, help="language model MLP width")
     args = parser.parse_args(argv)
-    path = build_tiny_model(args.out_dir, family=args.family, seed=args.seed)
+    path = build_tiny_model(
+        args.out_dir,
+        family=args.family,
+        seed=args.seed,
+        hidden_size=args.hidden_size,
+        num_layers=args.num_layers,
+        intermediate_size=args.intermediate_size,
+    )
     print(f"wrote a tiny {args.family} model to {path}")
 
 

@@ -1,0 +1,106 @@
+"""Bare vLLM on the peer benchmark's requests: the floor easyr1's generation phase is compared with.
+
+Builds the same prompts easyr1 sends (its dataset's ``raw_prompt_ids`` and images: ``--prompts`` prompts, ``--n``
+samples each, ``--max-tokens`` tokens at temperature 1) and times ``vllm.LLM.generate`` on them the way easyr1
+times ``timing/gen``: one call per step, after warm-up calls that absorb the one-off compilation. The engine is
+built as easyr1 builds it (``external_launcher``, eager, the same max_model_len), in one process with the
+threads easyr1's single worker gets. Writes a JSON file with the per-call times and generated tokens per dtype.
+
+    python bench/peer_vllm.py --model DIR --data DIR --dtype float32 --dtype bfloat16 --out FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+
+def build_requests(model_dir: str, data_dir: str, prompts: int, pixels: tuple[int, int]) -> list[dict]:
+    """easyr1's vLLM prompts (token ids with one image pad per image, plus the images) for the first rows."""
+    from easyr1.data import RLDataset
+    from easyr1.models.loading import load_model_config, load_tokenizer_and_processor
+
+    tokenizer, processor = load_tokenizer_and_processor(model_dir)
+    dataset = RLDataset(
+        str(Path(data_dir) / "train.jsonl"),
+        tokenizer,
+        processor,
+        prompt_key="problem",
+        max_prompt_length=64,
+        min_pixels=pixels[0],
+        max_pixels=pixels[1],
+        model_config=load_model_config(model_dir),
+    )
+    rows = [dataset[i] for i in range(prompts)]
+    return [
+        {"prompt_token_ids": row["raw_prompt_ids"], "multi_modal_data": {"image": row["multi_modal_data"]["images"]}}
+        for row in rows
+    ]
+
+
+def time_engine(model_dir: str, dtype: str, requests: list[dict], args: argparse.Namespace) -> dict:
+    """Build one engine in ``dtype``; time ``args.calls`` generate calls after ``args.warmup`` untimed ones."""
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(
+        model=model_dir,
+        dtype=dtype,
+        seed=0,
+        distributed_executor_backend="external_launcher",
+        max_model_len=128,
+        enforce_eager=True,
+        disable_log_stats=True,
+        logprobs_mode="processed_logprobs",
+    )
+    times, tokens = [], []
+    for call in range(args.warmup + args.calls):
+        # n samples per prompt as n requests with their own seeds, as easyr1 sends them
+        params = [
+            SamplingParams(
+                temperature=1.0, max_tokens=args.max_tokens, ignore_eos=True, seed=1000 * call + k, logprobs=0
+            )
+            for k in range(args.n)
+        ]
+        batch = [request for request in requests for _ in range(args.n)]
+        start = time.perf_counter()
+        outputs = llm.generate(batch, [p for _ in requests for p in params], use_tqdm=False)
+        seconds = time.perf_counter() - start
+        if call >= args.warmup:
+            times.append(seconds)
+            tokens.append(sum(len(output.outputs[0].token_ids) for output in outputs))
+    del llm
+    return {"times": times, "tokens": tokens}
+
+
+def main() -> None:
+    """Parse arguments, time each dtype, write the JSON result."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--dtype", action="append", default=None, help="repeatable; default float32 and bfloat16")
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--min-pixels", type=int, default=3136)
+    parser.add_argument("--max-pixels", type=int, default=12544)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--calls", type=int, default=7)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+    port = os.environ.setdefault("MASTER_PORT", "29541")
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    requests = build_requests(args.model, args.data, args.prompts, (args.min_pixels, args.max_pixels))
+    result = {dtype: time_engine(args.model, dtype, requests, args) for dtype in args.dtype or ["float32", "bfloat16"]}
+    Path(args.out).write_text(json.dumps(result), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

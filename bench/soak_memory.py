@@ -1,0 +1,142 @@
+"""Memory soak: does easyr1's host memory grow over a long run?
+
+Trains the small peer-benchmark model (``bench/peer_bench.py``'s workload: 4 prompts x 8 samples x 32 tokens)
+for ``--steps`` steps and reads, per step, the peak resident memory easyr1 itself logs in ``metrics.jsonl``:
+``perf/driver_max_host_memory_gb`` (the driver) and ``perf/max_host_memory_gb`` (the workers' mean). Both are
+``VmHWM`` reset after every step, so each step's value is that step's own peak. The script also samples the summed
+RSS of the whole process tree (driver, Ray, workers, vLLM) every 0.2 s and keeps each step's last sample. It fits a
+least-squares line over steps ``--fit-from``..end for each series and prints its slope in MB per 100 steps beside
+the spread of the residuals; a slope whose total change over the fitted steps stays inside twice the residual
+standard deviation is reported as within noise.
+
+    python bench/soak_memory.py [--steps 200] [--workers 1] [--easyr1-set KEY=VALUE ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peer_bench import EASYR1_SETTINGS, REPO, RESULTS, THREADS, TreeRss, ensure_assets, run_env  # noqa: E402
+
+
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
+    """Least-squares slope and intercept of ``ys`` over ``xs``, and the residuals' standard deviation."""
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mean_x) ** 2 for x in xs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sxx
+    intercept = mean_y - slope * mean_x
+    residuals = [y - (intercept + slope * x) for x, y in zip(xs, ys)]
+    return slope, intercept, statistics.pstdev(residuals)
+
+
+def tree_rss_gb(pid: int) -> float:
+    """Summed RSS of ``pid`` and its descendants now, in GB."""
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    total = 0
+    for process in processes:
+        try:
+            total += process.memory_info().rss
+        except psutil.Error:
+            pass
+    return total / 1e9
+
+
+def main() -> None:
+    """Run easyr1 for many steps, fit the memory lines, print the slopes."""
+    import subprocess
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--fit-from", type=int, default=20, help="first step of the fit (start-up growth before)")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--size", default="0.6M")
+    parser.add_argument("--easyr1-set", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args()
+    if args.fit_from >= args.steps - 2:
+        raise SystemExit(f"--fit-from ({args.fit_from}) must leave at least 3 steps before --steps ({args.steps})")
+
+    models, data = ensure_assets([args.size])
+    work = Path(tempfile.mkdtemp(prefix="soak_"))
+    settings = {
+        **EASYR1_SETTINGS,
+        "data.train_files": str(data / "train.jsonl"),
+        "data.val_files": str(data / "val.jsonl"),
+        "worker.actor.model.model_path": str(models[args.size]),
+        "trainer.n_gpus_per_node": args.workers,
+        "trainer.max_steps": args.steps,
+        "trainer.total_epochs": 1000,  # the dataset holds 64 batches; the soak runs over several epochs
+        "trainer.save_checkpoint_path": str(work),
+        "trainer.log_dir": str(work),
+    }
+    command = [sys.executable, "-m", "easyr1.main", "config=examples/config_cpu.yaml"]
+    command += [f"{key}={value}" for key, value in settings.items()] + args.easyr1_set
+    metrics_file = work / "metrics.jsonl"
+    tree_by_step: dict[int, float] = {}
+    with (work / "run.log").open("w") as log:
+        process = subprocess.Popen(command, env=run_env(THREADS), stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        peak = TreeRss(process.pid)
+        seen = 0
+        while process.poll() is None:
+            lines = metrics_file.read_text().splitlines() if metrics_file.exists() else []
+            now = tree_rss_gb(process.pid)
+            for line in lines[seen:]:
+                record = json.loads(line)
+                if "timing/step" in record:
+                    tree_by_step[int(record["step"])] = now
+            seen = len(lines)
+            time.sleep(0.2)
+        tree_peak = peak.stop()
+    if process.returncode:
+        raise SystemExit(f"easyr1 exited with {process.returncode}; log: {work / 'run.log'}")
+
+    records = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+    records = [r for r in records if "timing/step" in r]
+    series = {
+        "driver peak RSS (perf/driver_max_host_memory_gb)": {
+            int(r["step"]): r["perf/driver_max_host_memory_gb"] for r in records
+        },
+        "worker peak RSS (perf/max_host_memory_gb, mean)": {
+            int(r["step"]): r["perf/max_host_memory_gb"] for r in records if "perf/max_host_memory_gb" in r
+        },
+        "process tree RSS (sampled at each step's log line)": tree_by_step,
+    }
+    step_times = [r["timing/step"] for r in records]
+    print(f"{len(records)} steps, median {statistics.median(step_times):.2f} s/step, tree peak {tree_peak:.2f} GB")
+    print(f"least-squares fit over steps {args.fit_from}-{args.steps}:")
+    summary = {}
+    for name, values in series.items():
+        points = sorted((s, v) for s, v in values.items() if s >= args.fit_from)
+        if len(points) < 3:
+            print(f"  {name}: too few points")
+            continue
+        xs, ys = [float(s) for s, _ in points], [v * 1000 for _, v in points]  # MB
+        slope, intercept, noise = fit_line(xs, ys)
+        change = slope * (xs[-1] - xs[0])
+        verdict = "within noise" if abs(change) <= 2 * noise else "GROWS" if change > 0 else "shrinks"
+        print(
+            f"  {name}: {slope * 100:+.2f} MB / 100 steps (start {intercept + slope * xs[0]:.0f} MB, "
+            f"residual sd {noise:.1f} MB, change over the fit {change:+.1f} MB): {verdict}"
+        )
+        summary[name] = {"slope_mb_per_100_steps": slope * 100, "residual_sd_mb": noise, "verdict": verdict}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"soak-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps({"args": vars(args), "summary": summary, "series": series}, indent=1))
+    print(f"raw numbers: {out}")
+
+
+if __name__ == "__main__":
+    main()
