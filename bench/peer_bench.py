@@ -69,6 +69,7 @@ EASYR1_SETTINGS = {
     "worker.rollout.ignore_eos": True,  # every sample is NEW_TOKENS long (TRL: min_new_tokens / min_tokens)
     "worker.rollout.dtype": "float32",
     "worker.rollout.max_model_len": 128,
+    "worker.rollout.enforce_eager": False,  # vLLM compiles its model, as TRL's colocated engine does
     "trainer.logger": "[file]",
     "trainer.val_freq": -1,
     "trainer.save_freq": -1,
@@ -261,6 +262,8 @@ def run_bare_vllm(model: Path, data: Path, work: Path) -> dict:
     command = [sys.executable, str(REPO / "bench" / "peer_vllm.py"), "--model", str(model), "--data", str(data)]
     command += ["--prompts", str(PROMPTS), "--n", str(SAMPLES_PER_PROMPT), "--max-tokens", str(NEW_TOKENS)]
     command += ["--min-pixels", str(MIN_PIXELS), "--max-pixels", str(MAX_PIXELS), "--out", str(out)]
+    if str(EASYR1_SETTINGS.get("worker.rollout.enforce_eager", False)).lower() == "true":  # the engine easyr1 runs
+        command.append("--enforce-eager")
     peak, _ = watch(command, run_env(THREADS), work / "run.log")
     result = json.loads(out.read_text())
     result["peak_rss_gb"] = peak

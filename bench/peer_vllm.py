@@ -3,8 +3,9 @@
 Builds the same prompts easyr1 sends (its dataset's ``raw_prompt_ids`` and images: ``--prompts`` prompts, ``--n``
 samples each, ``--max-tokens`` tokens at temperature 1) and times ``vllm.LLM.generate`` on them the way easyr1
 times ``timing/gen``: one call per step, after warm-up calls that absorb the one-off compilation. The engine is
-built as easyr1 builds it (``external_launcher``, eager, the same max_model_len), in one process with the
-threads easyr1's single worker gets. Writes a JSON file with the per-call times and generated tokens per dtype.
+built as easyr1 builds it (``external_launcher``, compiled unless ``--enforce-eager``, the same max_model_len), in
+one process with the threads easyr1's single worker gets. Writes a JSON file with the per-call times and generated
+tokens per dtype.
 
     python bench/peer_vllm.py --model DIR --data DIR --dtype float32 --dtype bfloat16 --out FILE
 """
@@ -51,7 +52,7 @@ def time_engine(model_dir: str, dtype: str, requests: list[dict], args: argparse
         seed=0,
         distributed_executor_backend="external_launcher",
         max_model_len=128,
-        enforce_eager=True,
+        enforce_eager=args.enforce_eager,
         disable_log_stats=True,
         logprobs_mode="processed_logprobs",
     )
@@ -78,6 +79,7 @@ def time_engine(model_dir: str, dtype: str, requests: list[dict], args: argparse
 def main() -> None:
     """Parse arguments, time each dtype, write the JSON result."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--enforce-eager", action="store_true", help="as worker.rollout.enforce_eager=true")
     parser.add_argument("--model", required=True)
     parser.add_argument("--data", required=True)
     parser.add_argument("--dtype", action="append", default=None, help="repeatable; default float32 and bfloat16")

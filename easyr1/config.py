@@ -302,7 +302,11 @@ class RolloutConfig:
     )
     gpu_memory_utilization: float = _option(0.6, "fraction of GPU memory vLLM may use")
     ignore_eos: bool = _option(False, "keep generating after the end-of-sequence token")
-    enforce_eager: bool = _option(False, "disable CUDA graphs in vLLM")
+    enforce_eager: bool = _option(
+        False,
+        "run vLLM's model without compiling it: no CUDA graphs on GPU, no torch.compile on CPU (starts ~25 s sooner "
+        "on CPU, generates ~20-30% slower)",
+    )
     enable_chunked_prefill: bool = _option(False, "let vLLM split long prefills into chunks")
     tensor_parallel_size: int = _option(2, "workers sharing one engine by tensor parallelism")
     max_model_len: int | None = _option(None, "longest prompt + response the engine handles (null: from lengths)")

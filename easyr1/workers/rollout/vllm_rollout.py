@@ -117,7 +117,7 @@ class VLLMRollout:
             max_num_batched_tokens=max(max_num_batched_tokens, max_model_len),
             enable_chunked_prefill=enable_chunked_prefill,
             gpu_memory_utilization=gpu_memory_utilization,
-            enforce_eager=enforce_eager or not on_gpu,
+            enforce_eager=enforce_eager,  # on CPU too: vLLM compiles its CPU model with torch.compile
             enable_sleep_mode=on_gpu,  # the CPU platform refuses sleep mode
             trust_remote_code=trust_remote_code,
             disable_log_stats=disable_log_stats,
