@@ -314,7 +314,11 @@ class RolloutConfig:
     disable_log_stats: bool = _option(True, "silence vLLM's periodic statistics")
     disable_tqdm: bool = _option(False, "hide the generation progress bar")
     val_override_config: dict[str, Any] = _option({}, "rollout keys changed for validation, e.g. {temperature: 0.6}")
-    cpu_kv_cache_gb: int = _option(1, "GiB of KV cache for vLLM on CPU")
+    cpu_kv_cache_gb: float | None = _option(
+        None,
+        "GiB of KV cache for vLLM on CPU (null: sized for one engine's share of a rollout batch at max_model_len; "
+        "a larger batch, e.g. validation, then waits in vLLM's queue)",
+    )
     trust_remote_code: bool = _mirror(False, "worker.actor.model.trust_remote_code")
     prompt_length: int = _mirror(512, "data.max_prompt_length")
     response_length: int = _mirror(512, "data.max_response_length")
@@ -768,7 +772,7 @@ _UNIT = (lambda v: 0 <= v <= 1, "in [0, 1]")
 _UNIT_OR_NULL = (lambda v: v is None or 0 <= v <= 1, "in [0, 1] or null")
 _OPEN_UNIT = (lambda v: 0 < v <= 1, "in (0, 1]")
 
-_POSITIVE_OR_NULL = (lambda v: v is None or v > 0, "positive (FLOP/s) or null")
+_POSITIVE_OR_NULL = (lambda v: v is None or v > 0, "positive or null")
 
 _RANGES = {
     "trainer.peak_flops_per_device": _POSITIVE_OR_NULL,
@@ -815,7 +819,7 @@ _RANGES = {
     "worker.rollout.tensor_parallel_size": _AT_LEAST_ONE,
     "worker.rollout.max_model_len": _AT_LEAST_ONE_OR_NULL,
     "worker.rollout.max_num_batched_tokens": _AT_LEAST_ONE,
-    "worker.rollout.cpu_kv_cache_gb": _AT_LEAST_ONE,
+    "worker.rollout.cpu_kv_cache_gb": _POSITIVE_OR_NULL,
     "worker.reward.num_cpus": _AT_LEAST_ONE,
     "trainer.total_epochs": _AT_LEAST_ONE,
     "trainer.max_steps": _AT_LEAST_ONE_OR_NULL,

@@ -33,6 +33,7 @@ from easyr1.models.loading import (
     build_empty_model,
     default_attn_implementation,
     load_model,
+    load_model_config,
     load_tokenizer_and_processor,
 )
 from easyr1.models.lora import adapter_config_of, apply_lora, lora_scaling, merged_weights
@@ -41,6 +42,7 @@ from easyr1.workers.actor import Actor
 from easyr1.workers.critic import Critic, ValueModel
 from easyr1.workers.optim import build_optimizer
 from easyr1.workers.rollout.base import SamplingSettings
+from easyr1.workers.rollout.vllm_rollout import cpu_kv_cache_bytes
 
 
 def engine_dtype(name: str | None, actor_compute: torch.dtype) -> torch.dtype:
@@ -245,10 +247,25 @@ class HybridWorker(Worker):
             enforce_eager=rollout.enforce_eager,
             enable_chunked_prefill=rollout.enable_chunked_prefill,
             max_num_batched_tokens=rollout.max_num_batched_tokens,
-            cpu_kv_cache_gb=rollout.cpu_kv_cache_gb,
+            cpu_kv_cache_bytes=self._cpu_kv_cache_bytes(dtype),
             trust_remote_code=rollout.trust_remote_code,
             disable_log_stats=rollout.disable_log_stats,
         )
+
+    def _cpu_kv_cache_bytes(self, dtype: torch.dtype) -> int:
+        """``worker.rollout.cpu_kv_cache_gb``, or (null) enough for this engine's share of a rollout batch."""
+        config = self.config
+        rollout = config.worker.rollout
+        if rollout.cpu_kv_cache_gb is not None:
+            return int(rollout.cpu_kv_cache_gb * 2**30)
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        # the rows one engine generates at once: its data-parallel share, pooled over its tensor-parallel group
+        rows = -(-config.data.rollout_batch_size * rollout.n // world) * rollout.tensor_parallel_size
+        max_model_len = rollout.max_model_len or (config.data.max_prompt_length + config.data.max_response_length)
+        model = config.worker.actor.model
+        model_config = load_model_config(model.model_path, trust_remote_code=model.trust_remote_code)
+        text_config = getattr(model_config, "text_config", None) or model_config
+        return cpu_kv_cache_bytes(text_config, rows, max_model_len, dtype)
 
     def _eos_ids(self) -> list[int]:
         generation_eos = getattr(self.actor.model.generation_config, "eos_token_id", None)

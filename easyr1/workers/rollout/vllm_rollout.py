@@ -48,10 +48,10 @@ def engine_multi_modal_data(multi_modal: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def set_cpu_engine_environment(kv_cache_gb: int, num_threads: int) -> None:
-    """Environment vLLM's CPU backend reads at import: in-process engine, small KV cache, no thread pinning."""
+def set_cpu_engine_environment(num_threads: int) -> None:
+    """Environment vLLM's CPU backend reads at import: in-process engine, no thread pinning. (The KV cache size is
+    an engine argument; an exported ``VLLM_CPU_KVCACHE_SPACE`` still overrides it.)"""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gb))
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ.setdefault("OMP_NUM_THREADS", str(num_threads))
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -62,6 +62,17 @@ def set_gpu_engine_environment() -> None:
     against the actor's (vLLM 0.32 otherwise picks its V2 runner wherever Triton is present). Export
     ``VLLM_USE_V2_MODEL_RUNNER=1`` to try V2 anyway."""
     os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+
+
+def cpu_kv_cache_bytes(text_config: Any, rows: int, max_model_len: int, dtype: torch.dtype) -> int:
+    """KV-cache bytes for ``rows`` sequences of ``max_model_len`` tokens: keys and values of every layer, plus a
+    margin for vLLM's block rounding. vLLM-CPU touches its whole cache at start-up (resident memory), so a cache
+    sized for the work, not a fixed GiB, is what keeps a small model's worker small."""
+    heads = text_config.num_key_value_heads or text_config.num_attention_heads
+    head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
+    per_token = text_config.num_hidden_layers * 2 * heads * head_dim * torch.finfo(dtype).bits // 8
+    needed = rows * (max_model_len + 128) * per_token * 5 // 4  # up to one 128-token block more per sequence
+    return max(needed, 32 * 2**20)
 
 
 class VLLMRollout:
@@ -83,7 +94,7 @@ class VLLMRollout:
         enforce_eager: bool = False,
         enable_chunked_prefill: bool = False,
         max_num_batched_tokens: int = 8192,
-        cpu_kv_cache_gb: int = 1,
+        cpu_kv_cache_bytes: int = 2**30,
         trust_remote_code: bool = False,
         disable_log_stats: bool = True,
     ) -> None:
@@ -91,10 +102,12 @@ class VLLMRollout:
         if on_gpu:
             set_gpu_engine_environment()
         else:
-            set_cpu_engine_environment(cpu_kv_cache_gb, torch.get_num_threads())
+            set_cpu_engine_environment(torch.get_num_threads())
         from vllm import LLM
 
         extra: dict[str, Any] = {}
+        if not on_gpu:
+            extra["kv_cache_memory_bytes"] = cpu_kv_cache_bytes
         if limit_images:
             extra["limit_mm_per_prompt"] = {"image": limit_images}
         self.shm_tag = None
