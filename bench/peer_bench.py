@@ -161,7 +161,7 @@ def check_same_prompts(model_dir: Path, data_dir: Path) -> int:
         ours.append(row["input_ids"][row["attention_mask"].bool()].tolist())
     command = [str(TRL_PYTHON), str(REPO / "bench" / "peer_trl.py"), "--model", str(model_dir)]
     command += ["--data", str(data_dir), "--print-prompt-ids", str(PROMPTS)]
-    output = subprocess.run(command, capture_output=True, text=True, check=True, env=run_env(THREADS)).stdout
+    output = subprocess.run(command, capture_output=True, text=True, check=True, env=run_env(THREADS, trl=True)).stdout
     theirs = json.loads(next(line for line in output.splitlines() if line.startswith("PROMPT_IDS "))[11:])
     image_pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
     print(f"prompt ids (easyr1 = TRL), {len(ours[0])} tokens, {ours[0].count(image_pad)} image tokens: {ours[0]}")
@@ -170,14 +170,21 @@ def check_same_prompts(model_dir: Path, data_dir: Path) -> int:
     return len(ours[0])
 
 
-def run_env(threads: int) -> dict[str, str]:
-    """Environment of a run: thread counts and vLLM's CPU settings, the repository on the path."""
+def run_env(threads: int, trl: bool = False) -> dict[str, str]:
+    """Environment of a run: thread counts and vLLM's CPU settings, the repository on the path.
+
+    TRL's colocated vLLM gets its CPU KV cache from ``VLLM_CPU_KVCACHE_SPACE`` (whole GiB; 1 is the least), as a
+    TRL user on CPU would set it; easyr1 sizes its own (``worker.rollout.cpu_kv_cache_gb``), and the variable would
+    override that.
+    """
     env = dict(os.environ)
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    if trl:
+        env["VLLM_CPU_KVCACHE_SPACE"] = "1"
     env.update(
         OMP_NUM_THREADS=str(threads),
         MKL_NUM_THREADS=str(threads),
         TOKENIZERS_PARALLELISM="false",
-        VLLM_CPU_KVCACHE_SPACE="1",
         VLLM_ENABLE_V1_MULTIPROCESSING="0",
         VLLM_CPU_OMP_THREADS_BIND="nobind",
         PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
@@ -250,7 +257,7 @@ def run_trl(run: Run, model: Path, data: Path, engine: str, steps: int, args: ar
     command += ["--prompts", str(PROMPTS), "--n", str(SAMPLES_PER_PROMPT), "--max-tokens", str(NEW_TOKENS)]
     if args.trl_bf16:
         command.append("--bf16")
-    run.peak_rss_gb, _ = watch(command, run_env(THREADS), work / "run.log")
+    run.peak_rss_gb, _ = watch(command, run_env(THREADS, trl=True), work / "run.log")
     result = json.loads(out.read_text())
     run.steps, run.startup_s = result["steps"], result["startup_s"]
     run.extra.update({k: result[k] for k in ("threads", "param_dtype", "vllm_dtype")})

@@ -18,6 +18,8 @@ import os
 import time
 from pathlib import Path
 
+import torch
+
 
 def build_requests(model_dir: str, data_dir: str, prompts: int, pixels: tuple[int, int]) -> list[dict]:
     """easyr1's vLLM prompts (token ids with one image pad per image, plus the images) for the first rows."""
@@ -46,6 +48,11 @@ def time_engine(model_dir: str, dtype: str, requests: list[dict], args: argparse
     """Build one engine in ``dtype``; time ``args.calls`` generate calls after ``args.warmup`` untimed ones."""
     from vllm import LLM, SamplingParams
 
+    from easyr1.models.loading import load_model_config
+    from easyr1.workers.rollout.vllm_rollout import cpu_kv_cache_bytes
+
+    text_config = load_model_config(model_dir).text_config
+    rows = len(requests) * args.n
     llm = LLM(
         model=model_dir,
         dtype=dtype,
@@ -53,6 +60,8 @@ def time_engine(model_dir: str, dtype: str, requests: list[dict], args: argparse
         distributed_executor_backend="external_launcher",
         max_model_len=128,
         enforce_eager=args.enforce_eager,
+        # the KV cache easyr1 sizes for one engine generating these rows
+        kv_cache_memory_bytes=cpu_kv_cache_bytes(text_config, rows, 128, getattr(torch, dtype)),
         disable_log_stats=True,
         logprobs_mode="processed_logprobs",
     )
