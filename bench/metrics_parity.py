@@ -18,6 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 3
 RUNS = {
