@@ -28,6 +28,8 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from easyr1.algorithms.advantage import ADV_ESTIMATORS as ADV_ESTIMATOR_REGISTRY
+from easyr1.algorithms.advantage import EstimatorNeeds, estimator_needs
 from easyr1.errors import ConfigError
 
 
@@ -945,7 +947,8 @@ def _check_sizes(config: PPOConfig, num_workers: int | None, problems: list[str]
                 f"data.mini_rollout_batch_size={data.mini_rollout_batch_size} must divide data.rollout_batch_size="
                 f"{rollout_size}: a step's prompts are drawn in whole generation rounds"
             )
-    if config.algorithm.adv_estimator == "gae":
+    needs = _estimator_needs(config.algorithm.adv_estimator)
+    if needs.critic:
         critic = config.worker.critic
         if critic.global_batch_size > rollout_size or rollout_size % max(critic.global_batch_size, 1):
             problems.append(
@@ -1009,16 +1012,22 @@ def _check_sizes(config: PPOConfig, num_workers: int | None, problems: list[str]
             "raise max_model_len or lower the length limits"
         )
 
-    if config.algorithm.adv_estimator == "remax" and rollout_size % workers:
+    estimator = config.algorithm.adv_estimator
+    if needs.greedy_baseline and rollout_size % workers:
         problems.append(
-            f"algorithm.adv_estimator=remax generates one greedy baseline per prompt, so data.rollout_batch_size="
-            f"{rollout_size} must split evenly across {who}"
+            f"algorithm.adv_estimator={estimator} generates one greedy baseline per prompt, so "
+            f"data.rollout_batch_size={rollout_size} must split evenly across {who}"
         )
-    if config.algorithm.adv_estimator in ("grpo", "grpo_passk", "rloo") and n < 2:
+    if n < needs.min_group_size:
         problems.append(
-            f"algorithm.adv_estimator={config.algorithm.adv_estimator} compares responses to the same prompt and "
-            f"needs worker.rollout.n >= 2 (got {n})"
+            f"algorithm.adv_estimator={estimator} compares responses to the same prompt and "
+            f"needs worker.rollout.n >= {needs.min_group_size} (got {n})"
         )
+
+
+def _estimator_needs(name: str) -> EstimatorNeeds:
+    """The registered estimator's needs; none for an unknown name (reported by the name check)."""
+    return estimator_needs(name) if name in ADV_ESTIMATOR_REGISTRY else EstimatorNeeds()
 
 
 def _validate(config: PPOConfig, num_workers: int | None) -> list[str]:

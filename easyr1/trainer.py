@@ -29,6 +29,7 @@ from tqdm import tqdm
 from easyr1.algorithms import (
     build_kl_controller,
     compute_advantages,
+    estimator_needs,
     filter_groups,
     kl_penalty,
     masked_mean,
@@ -197,7 +198,8 @@ class Trainer:
 
         algorithm = config.algorithm
         self.uses_reference = not algorithm.disable_kl
-        self.uses_critic = algorithm.adv_estimator == "gae"
+        self.needs = estimator_needs(algorithm.adv_estimator)
+        self.uses_critic = self.needs.critic
         self.kl_controller = build_kl_controller(
             algorithm.kl_type, algorithm.kl_coef, algorithm.kl_target, algorithm.kl_horizon
         )
@@ -357,7 +359,7 @@ class Trainer:
         if algorithm.online_filtering:
             with timed(timings, "filter"):
                 batch, reward = self._fill_with_informative_groups(batch, reward, step, metrics)
-        if algorithm.adv_estimator == "remax":
+        if self.needs.greedy_baseline:
             with timed(timings, "gen_baseline"):
                 batch["reward_baselines"] = self._greedy_baseline_scores(batch, step)
 

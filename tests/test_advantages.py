@@ -370,3 +370,17 @@ def test_group_estimators_give_equal_scores_zero_advantage(name: str) -> None:
         name, token_level_rewards=torch.ones(6), response_mask=torch.ones(6, 2), index=np.repeat([0, 1], 3)
     )
     assert torch.all(advantages == 0)
+
+
+def test_each_estimator_declares_the_inputs_its_signature_asks_for():
+    """An estimator reading ``values`` must declare a critic, one reading ``reward_baselines`` a greedy baseline: the
+    trainer builds these from the declaration, not from the estimator's name."""
+    import inspect
+
+    from easyr1.algorithms.advantage import ADV_ESTIMATORS, estimator_needs
+
+    for name in ADV_ESTIMATORS.names():
+        parameters = inspect.signature(ADV_ESTIMATORS.get(name)).parameters
+        needs = estimator_needs(name)
+        assert needs.critic == ("values" in parameters), name
+        assert needs.greedy_baseline == ("reward_baselines" in parameters), name

@@ -6,6 +6,7 @@ tested against a plain-python reference. Variants are looked up by name in regis
 
 from easyr1.algorithms.advantage import (
     ADV_ESTIMATORS,
+    EstimatorNeeds,
     compute_advantages,
     compute_gae_advantages,
     compute_grpo_advantages,
@@ -14,6 +15,7 @@ from easyr1.algorithms.advantage import (
     compute_reinforce_plus_plus_baseline_advantages,
     compute_remax_advantages,
     compute_rloo_advantages,
+    estimator_needs,
     get_adv_estimator,
     masked_whiten,
     register_adv_estimator,
@@ -76,6 +78,8 @@ __all__ = [
     "compute_reinforce_plus_plus_advantages",
     "compute_reinforce_plus_plus_baseline_advantages",
     "compute_remax_advantages",
+    "EstimatorNeeds",
+    "estimator_needs",
     "compute_rloo_advantages",
     "count_normalizers",
     "entropy_from_logits",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,9 +24,38 @@ AdvantageEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 ADV_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator", "algorithm.adv_estimator")
 
 
-def register_adv_estimator(name: str) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
-    """Decorator registering an estimator ``fn(**inputs) -> (advantages (B, T), returns (B, T))`` as ``name``."""
+@dataclass(frozen=True)
+class EstimatorNeeds:
+    """What an estimator needs besides rewards, declared where it is registered so that neither the config checks
+    nor the trainer compare estimator names.
+
+    Attributes:
+        critic: values from a critic model (the critic is built and trained).
+        greedy_baseline: each prompt's greedy response's score as ``reward_baselines`` (one extra generation round).
+        min_group_size: fewest samples per prompt (``worker.rollout.n``) the estimator can compare.
+    """
+
+    critic: bool = False
+    greedy_baseline: bool = False
+    min_group_size: int = 1
+
+
+_NEEDS: dict[str, EstimatorNeeds] = {}
+
+
+def register_adv_estimator(
+    name: str, *, needs: EstimatorNeeds | None = None
+) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
+    """Decorator registering an estimator ``fn(**inputs) -> (advantages (B, T), returns (B, T))`` as ``name``,
+    with what it needs besides rewards (nothing by default)."""
+    _NEEDS[name] = needs or EstimatorNeeds()
     return ADV_ESTIMATORS.register(name)
+
+
+def estimator_needs(name: str) -> EstimatorNeeds:
+    """What the estimator registered as ``name`` needs (ConfigError listing the valid names for an unknown one)."""
+    ADV_ESTIMATORS.get(name)
+    return _NEEDS[name]
 
 
 def get_adv_estimator(name: str) -> AdvantageEstimator:
@@ -163,7 +193,7 @@ def _group_members(group_ids: torch.Tensor, counts: torch.Tensor) -> tuple[torch
     return order.split([int(count) for count in counts.tolist()])
 
 
-@register_adv_estimator("grpo")
+@register_adv_estimator("grpo", needs=EstimatorNeeds(min_group_size=2))
 def compute_grpo_advantages(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -201,7 +231,7 @@ def compute_grpo_advantages(
     return token_advantages, token_advantages
 
 
-@register_adv_estimator("grpo_passk")
+@register_adv_estimator("grpo_passk", needs=EstimatorNeeds(min_group_size=2))
 def compute_grpo_passk_advantages(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -245,7 +275,7 @@ def compute_grpo_passk_advantages(
     return token_advantages, token_advantages
 
 
-@register_adv_estimator("rloo")
+@register_adv_estimator("rloo", needs=EstimatorNeeds(min_group_size=2))
 def compute_rloo_advantages(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -336,7 +366,7 @@ def compute_reinforce_plus_plus_baseline_advantages(
     return token_advantages, token_advantages
 
 
-@register_adv_estimator("remax")
+@register_adv_estimator("remax", needs=EstimatorNeeds(greedy_baseline=True))
 def compute_remax_advantages(
     token_level_rewards: torch.Tensor, response_mask: torch.Tensor, reward_baselines: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -369,7 +399,7 @@ def compute_remax_advantages(
     return _on_tokens(advantages, response_mask, dtype), returns.to(dtype)
 
 
-@register_adv_estimator("gae")
+@register_adv_estimator("gae", needs=EstimatorNeeds(critic=True))
 def compute_gae_advantages(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,

@@ -21,6 +21,7 @@ import torch.distributed as dist
 import transformers
 from torch import nn
 
+from easyr1.algorithms.advantage import estimator_needs
 from easyr1.checkpoint.sharded import load_component, save_component, save_hf_metadata
 from easyr1.distributed.fsdp import broadcast_full_weights, data_parallel_mesh, gathered_parameters, shard_model
 from easyr1.distributed.offload import Residency
@@ -150,7 +151,7 @@ class HybridWorker(Worker):
             self.ref = Actor(ref_model, actor_config, banned_token_ids=self.banned_token_ids, device=self.device)
             self.ref_residency = Residency.from_config(ref_model, None, self.device, ref_config.offload)
 
-        if config.algorithm.adv_estimator == "gae":
+        if estimator_needs(config.algorithm.adv_estimator).critic:
             self.critic = self._build_critic(mesh)
         for residency in (self.actor_residency, self.ref_residency, self.critic_residency):
             if residency is not None:
