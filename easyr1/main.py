@@ -77,7 +77,7 @@ def read_model_config(model_path: str) -> dict:
 def run(argv: list[str]) -> list[dict[str, float]]:
     """Load the config from ``argv``, train, and return every step's metrics."""
     from easyr1.config import check_against_model, inactive_settings, load_config
-    from easyr1.tools.demo import prepare_demo_assets
+    from easyr1.tools.demo_assets import prepare_demo_assets
 
     config = load_config(argv)
     inactive = inactive_settings(config)

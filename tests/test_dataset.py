@@ -21,7 +21,8 @@ from easyr1.data.prompt import build_messages
 from easyr1.data.vision import VisionBounds, smart_resize, target_size
 from easyr1.errors import DataError
 from easyr1.protocol import Batch
-from easyr1.tools.tiny_dataset import COLOURS, PROMPT, build_shape_dataset, ensure_demo_assets
+from easyr1.tools.demo_assets import ensure_demo_assets
+from easyr1.tools.tiny_dataset import COLOURS, PROMPT, build_shape_dataset
 
 
 REPO = Path(__file__).resolve().parents[1]

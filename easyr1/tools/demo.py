@@ -18,34 +18,12 @@ import random
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from easyr1.errors import UserError
+from easyr1.tools.demo_assets import DEMO_ROOT, prepare_demo_assets
 
 
-DEMO_ROOT = Path(".cache/demo")
 DEMO_CONFIG = "examples/config_cpu.yaml"
-
-
-def _inside(path: str | None, root: Path) -> bool:
-    if not path:
-        return False
-    try:
-        Path(path).resolve().relative_to(root.resolve())
-        return True
-    except ValueError:
-        return False
-
-
-def prepare_demo_assets(config: Any) -> None:
-    """Build the tiny model and shape data when the config points into ``.cache/demo`` and they are missing."""
-    from easyr1.tools.tiny_dataset import ensure_demo_assets
-
-    model_path = config.worker.actor.model.model_path
-    if not (_inside(model_path, DEMO_ROOT) or _inside(config.data.train_files, DEMO_ROOT)):
-        return
-    family = Path(model_path).name if _inside(model_path, DEMO_ROOT) else "qwen2_5_vl"
-    ensure_demo_assets(DEMO_ROOT, family=family)
 
 
 def write_shuffled_copy(train_file: str, out_dir: Path, seed: int) -> Path:

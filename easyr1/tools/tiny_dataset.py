@@ -2,29 +2,28 @@
 
 Every image shows one circle, square or triangle in red, green, blue or yellow on a white or light grey
 background; the answer is the colour word. ``python -m easyr1.tools.tiny_dataset OUT_DIR`` writes
-``train.jsonl``, ``val.jsonl`` and ``images/*.png``; :func:`ensure_demo_assets` builds the demo model and data
-on first use. With ``--mixed`` it writes the mixed dataset instead (:func:`build_mixed_dataset`): text-only,
-one-image, three-image and video rows in turn, for tests of batches that mix them.
+``train.jsonl``, ``val.jsonl`` and ``images/*.png``. With ``--mixed`` it writes the mixed dataset instead
+(:func:`build_mixed_dataset`): text-only, one-image, three-image and video rows in turn, for tests of batches that
+mix them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import shutil
 from pathlib import Path
 
 from PIL import Image, ImageDraw
 
+from easyr1.tools.shape_task import COLOURS, PROMPT, SHAPES
 
-PROMPT = "<image>What colour is the shape?"
-SHAPES = ("circle", "square", "triangle")
-COLOURS = ("red", "green", "blue", "yellow")
+
+__all__ = ["COLOURS", "MIXED_KINDS", "PROMPT", "SHAPES", "build_mixed_dataset", "build_shape_dataset"]
+
+
 _RGB = {"red": (220, 30, 30), "green": (30, 170, 40), "blue": (30, 60, 220), "yellow": (235, 210, 20)}
 _COLOUR_JITTER = 20  # per channel, so the model cannot key on one exact pixel value
-_MARKER = ".complete"
 
 
 def _jitter(value: int, rng: random.Random) -> int:
@@ -164,44 +163,6 @@ def build_mixed_dataset(
         lines.append(json.dumps(row))
     (out_dir / "train.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return out_dir
-
-
-def _build_once(target: Path, build) -> Path:
-    """Run ``build(tmp_dir)`` unless ``target`` is complete; publish the result with a rename.
-
-    The marker file is written last and the directory appears under its final name only when complete, so an
-    interrupted build is never mistaken for a finished one.
-    """
-    if (target / _MARKER).exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    build(tmp)
-    (tmp / _MARKER).write_text("complete\n", encoding="utf-8")
-    if target.exists():  # a half-built leftover from an older, interrupted run
-        shutil.rmtree(target)
-    try:
-        os.replace(tmp, target)
-    except OSError:
-        # Another process published the same assets first; theirs are equivalent (same seed), keep them.
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (target / _MARKER).exists():
-            raise
-    return target
-
-
-def ensure_demo_assets(root: str | Path = ".cache/demo", family: str = "qwen2_5_vl") -> tuple[Path, Path]:
-    """Build the tiny ``family`` model and the shape dataset under ``root`` if missing; return (model, data) dirs.
-
-    The model goes to ``root/model/<family>``, the data to ``root/data`` (``train.jsonl``, ``val.jsonl``, images).
-    """
-    from easyr1.tools.tiny_model import build_tiny_model
-
-    root = Path(root)
-    model_dir = _build_once(root / "model" / family, lambda path: build_tiny_model(path, family=family))
-    data_dir = _build_once(root / "data", build_shape_dataset)
-    return model_dir, data_dir
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -118,7 +118,7 @@ def _training_text() -> str:
 
     Colour words are repeated often, with and without a leading space, so that BPE merges each into one token.
     """
-    from easyr1.tools.tiny_dataset import COLOURS, PROMPT, SHAPES
+    from easyr1.tools.shape_task import COLOURS, PROMPT, SHAPES
 
     template_parts = ["You are a helpful assistant.", "system\nuser\nassistant\n"] * 8
     lines = [

@@ -1,0 +1,72 @@
+"""The demo's model and data, built on first use under ``.cache/demo``: what the CLI calls before training when a
+config points there, so that ``examples/config_cpu.yaml`` runs on a fresh checkout."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from easyr1.tools.tiny_dataset import build_shape_dataset
+from easyr1.tools.tiny_model import build_tiny_model
+
+
+_MARKER = ".complete"
+DEMO_ROOT = Path(".cache/demo")
+
+
+def _inside(path: str | None, root: Path) -> bool:
+    if not path:
+        return False
+    try:
+        Path(path).resolve().relative_to(root.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def prepare_demo_assets(config: Any) -> None:
+    """Build the tiny model and shape data when the config points into ``.cache/demo`` and they are missing."""
+    model_path = config.worker.actor.model.model_path
+    if not (_inside(model_path, DEMO_ROOT) or _inside(config.data.train_files, DEMO_ROOT)):
+        return
+    family = Path(model_path).name if _inside(model_path, DEMO_ROOT) else "qwen2_5_vl"
+    ensure_demo_assets(DEMO_ROOT, family=family)
+
+
+def _build_once(target: Path, build: Callable[[Path], Any]) -> Path:
+    """Run ``build(tmp_dir)`` unless ``target`` is complete; publish the result with a rename.
+
+    The marker file is written last and the directory appears under its final name only when complete, so an
+    interrupted build is never mistaken for a finished one.
+    """
+    if (target / _MARKER).exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    build(tmp)
+    (tmp / _MARKER).write_text("complete\n", encoding="utf-8")
+    if target.exists():  # a half-built leftover from an older, interrupted run
+        shutil.rmtree(target)
+    try:
+        os.replace(tmp, target)
+    except OSError:
+        # Another process published the same assets first; theirs are equivalent (same seed), keep them.
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (target / _MARKER).exists():
+            raise
+    return target
+
+
+def ensure_demo_assets(root: str | Path = ".cache/demo", family: str = "qwen2_5_vl") -> tuple[Path, Path]:
+    """Build the tiny ``family`` model and the shape dataset under ``root`` if missing; return (model, data) dirs.
+
+    The model goes to ``root/model/<family>``, the data to ``root/data`` (``train.jsonl``, ``val.jsonl``, images).
+    """
+    root = Path(root)
+    model_dir = _build_once(root / "model" / family, lambda path: build_tiny_model(path, family=family))
+    data_dir = _build_once(root / "data", build_shape_dataset)
+    return model_dir, data_dir
