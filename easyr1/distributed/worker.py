@@ -110,10 +110,6 @@ class Worker:
             cache = self.__dict__["_sample_cache"] = SampleCache(self.rank)
         return cache
 
-    def ping(self) -> int:
-        """The worker's rank (used to wait until every actor is up)."""
-        return self.rank
-
     def placement_report(self, device: str) -> dict[str, str | int]:
         """Where this worker runs (Ray node id and address, host name) and how many GPUs it sees.
 

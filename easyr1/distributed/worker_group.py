@@ -38,6 +38,8 @@ from easyr1.protocol import Batch
 
 # How long to wait for resources the cluster has but that are taken, before giving up with a clear error.
 PLACEMENT_TIMEOUT_S = 300.0
+# Ray CPUs reserved per worker: its torch threads are set by threads_per_worker; the reservation only places it.
+CPUS_PER_WORKER = 1
 
 
 @dataclass
@@ -65,11 +67,8 @@ class WorkerGroup:
         *,
         nnodes: int = 1,
         init_args: tuple = (),
-        init_kwargs: dict[str, Any] | None = None,
-        cpus_per_worker: float = 1,
         gpus_per_worker: float = 0,
         threads_per_worker: int = 1,
-        env_vars: dict[str, str] | None = None,
         backend: str | None = None,
         placement_timeout_s: float = PLACEMENT_TIMEOUT_S,
         cache_sample_tensors: bool = True,
@@ -84,7 +83,7 @@ class WorkerGroup:
         self.bytes_to_workers = self.bytes_from_workers = 0
         self.transfers: list[Transfer] = []  # this step's split calls
         workers_per_node = num_workers // nnodes
-        bundle = node_bundle(workers_per_node, cpus_per_worker, gpus_per_worker)
+        bundle = node_bundle(workers_per_node, CPUS_PER_WORKER, gpus_per_worker)
         nodes = nodes_from_ray(ray.nodes())
         check_cluster_fits(nodes, nnodes, workers_per_node, bundle)
         # one bundle per node, each on its own node (a bundle never spans nodes, so a node's ranks stay together)
@@ -102,17 +101,17 @@ class WorkerGroup:
             )
         bundle_nodes = placement_group_table(self._placement)["bundles_to_node_id"]
         bundle_order = rank_order_of_bundles(bundle_nodes, {node.node_id: node.address for node in nodes})
-        env = {"OMP_NUM_THREADS": str(threads_per_worker), **(env_vars or {})}
+        env = {"OMP_NUM_THREADS": str(threads_per_worker)}
         remote_cls = ray.remote(worker_cls)
         self.workers = [
             remote_cls.options(
-                num_cpus=cpus_per_worker,
+                num_cpus=CPUS_PER_WORKER,
                 num_gpus=gpus_per_worker,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self._placement, placement_group_bundle_index=bundle_order[rank // workers_per_node]
                 ),
                 runtime_env={"env_vars": env},
-            ).remote(*init_args, **(init_kwargs or {}))
+            ).remote(*init_args)
             for rank in range(num_workers)
         ]
         try:
