@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from helpers import REPO, demo_config, training_batch
+from helpers import REPO, demo_config, prompt_batch, training_batch
 from torch.distributed.tensor import DTensor
 
 from easyr1.distributed.fsdp import data_parallel_mesh
@@ -70,8 +70,9 @@ def worker(tiny_qwen2_5_vl_dir, tiny_dataset_dir):
     random.seed(0)  # whatever the process drew before, the worker's own seed must decide what comes next
     np.random.seed(0)
     built.init_models()
-    # what the global generators give right after the set-up, before any test draws from them
-    built.draws_after_init = (random.random(), np.random.random(), torch.rand(()).item())
+    # what python's and numpy's generators give right after the set-up, before any test draws from them (torch's
+    # was seeded before this change too, and building the models draws from it)
+    built.draws_after_init = (random.random(), np.random.random())
     yield built
     dist.destroy_process_group()
 
@@ -101,8 +102,8 @@ def norm_eps(model: torch.nn.Module) -> set[float]:
     }
 
 
-def test_trainer_seed_seeds_python_numpy_and_torch_on_the_worker(worker):
-    python_draw, numpy_draw, _ = worker.draws_after_init
+def test_trainer_seed_seeds_python_and_numpy_on_the_worker(worker):
+    python_draw, numpy_draw = worker.draws_after_init
     # building the models draws nothing from python's or numpy's generator, so the first draws are the seed's
     assert python_draw == random.Random(SEED).random()
     assert numpy_draw == np.random.RandomState(SEED).random_sample()
@@ -148,15 +149,11 @@ def test_rollout_dtype_is_the_engine_dtype(worker):
     assert {param.dtype for param in worker.rollout.model.parameters()} == {torch.bfloat16}
 
 
-def test_disable_tqdm_false_shows_the_engine_progress_bar(worker, batch, capsys):
-    prompts = batch.select("input_ids", "attention_mask", "position_ids", "multi_modal_inputs").index([0])
-    prompts = prompts.union(Batch(tensors={"sample_seed": torch.tensor([3])}))
-    # the prompt fields only: generate appends the response
-    prompt_length = batch["input_ids"].shape[1] - batch["responses"].shape[1]
-    for key in ("input_ids", "attention_mask"):
-        prompts[key] = prompts[key][:, :prompt_length]
-    prompts["position_ids"] = prompts["position_ids"][..., :prompt_length]
+def test_disable_tqdm_false_shows_the_engine_progress_bar(worker, tiny_qwen2_5_vl_dir, tiny_dataset_dir, capsys):
+    prompts = prompt_batch(tiny_qwen2_5_vl_dir, tiny_dataset_dir, 1)
+    prompts["sample_seed"] = torch.tensor([3])
     sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 2, "ignore_eos": False}
+    capsys.readouterr()
     worker.generate(prompts, sampling)
     assert "generate" in capsys.readouterr().err
     worker.rollout.show_progress = False
