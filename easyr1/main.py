@@ -77,9 +77,11 @@ def read_model_config(model_path: str) -> dict:
 def run(argv: list[str]) -> list[dict[str, float]]:
     """Load the config from ``argv``, train, and return every step's metrics."""
     from easyr1.config import check_against_model, inactive_settings, load_config
+    from easyr1.seeding import seed_everything
     from easyr1.tools.demo_assets import prepare_demo_assets
 
     config = load_config(argv)
+    seed_everything(config.trainer.seed)  # the driver's generators; each worker seeds its own
     inactive = inactive_settings(config)
     if inactive:
         print(

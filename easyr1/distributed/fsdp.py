@@ -20,6 +20,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from easyr1.errors import ConfigError
+
 
 _cpu_offload_notice_printed = False
 
@@ -27,6 +29,31 @@ _cpu_offload_notice_printed = False
 def data_parallel_mesh(device_type: str) -> DeviceMesh:
     """A 1-d mesh over every rank of the default process group."""
     return init_device_mesh(device_type, (dist.get_world_size(),), mesh_dim_names=("fsdp",))
+
+
+def check_fsdp_size(key: str, fsdp_size: int, world_size: int) -> None:
+    """``fsdp.fsdp_size`` must describe the one mesh there is: every rank in one shard group.
+
+    Hybrid sharding (shard groups of ``fsdp_size`` ranks, replicated across groups) is not built, so any other
+    size is a :class:`ConfigError` naming ``key`` rather than a setting that silently does nothing.
+    """
+    if fsdp_size not in (-1, world_size):
+        raise ConfigError(
+            f"{key}={fsdp_size}: every model is sharded over all {world_size} workers (hybrid sharding over "
+            f"smaller groups is not implemented); set {key}=-1 (or {world_size})"
+        )
+
+
+def reshard(model: nn.Module) -> None:
+    """Free every unsharded parameter of ``model``'s FSDP groups (a no-op for groups that are sharded).
+
+    Groups built with ``reshard_after_forward=False`` keep their parameters unsharded from the forward until the
+    backward reshards them; a forward without a backward (log-probs, values) would leave them so. Calling this
+    after such a pass hands the memory back before the next phase (rollout, offload, checkpoint).
+    """
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 def _cpu_offload_policy(mesh: DeviceMesh) -> CPUOffloadPolicy | None:
@@ -51,7 +78,10 @@ def shard_model(
 ) -> nn.Module:
     """Apply ``fully_shard`` to each decoder block named in ``model._no_split_modules``, then to the whole model.
 
-    ``mp_policy`` enables mixed precision (see :mod:`easyr1.distributed.precision`). The model may be on the CPU
+    ``mp_policy`` enables mixed precision (see :mod:`easyr1.distributed.precision`). ``reshard_after_forward=False``
+    (``fsdp.enable_full_shard=false``) keeps each block's parameters gathered from its forward until its backward,
+    trading memory for one all-gather per block less in the backward (FSDP1's ``SHARD_GRAD_OP``, ZeRO-2); gradients
+    and optimizer states stay sharded either way. The model may be on the CPU
     or on the meta device: FSDP2 moves each rank's shards to the mesh's device (the host with ``cpu_offload``),
     so the whole model is never on the device at once.
     """

@@ -73,11 +73,24 @@ def is_vision_language(config: PretrainedConfig) -> bool:
     return getattr(config, "vision_config", None) is not None
 
 
+def apply_config_overrides(config: PretrainedConfig, override: dict[str, Any]) -> None:
+    """Set ``override``'s entries on ``config`` in place (``model.override_config``).
+
+    A dict given for a nested config (``text_config``, ``vision_config``) updates that config's entries instead
+    of replacing it, as vLLM's ``hf_overrides`` does, so every engine reads one override the same way.
+    """
+    for key, value in override.items():
+        nested = getattr(config, key, None)
+        if isinstance(nested, PretrainedConfig) and isinstance(value, dict):
+            apply_config_overrides(nested, value)
+        else:
+            setattr(config, key, value)
+
+
 def load_model_config(model_path: str, trust_remote_code: bool = False, override: dict[str, Any] | None = None):
     """The model's config with ``override`` applied (e.g. dropout or rope settings from the YAML)."""
     config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
-    for key, value in (override or {}).items():
-        setattr(config, key, value)
+    apply_config_overrides(config, override or {})
     return config
 
 

@@ -1,4 +1,4 @@
-"""Keep every rank's vision weights in step when ranks differ in which micro-batches have images.
+"""Keep every rank's vision weights in step when ranks differ in which micro-batches have images; freezing the tower.
 
 Under FSDP the vision tower belongs to the root unit (``distributed/fsdp.py``): its weights are gathered with the
 root's at the start of every forward, so running the tower zero, one or two times issues no collectives. What is
@@ -66,3 +66,11 @@ def vision_keepalive(
         root.unshard()
     pixels, grid = dummy_image_inputs(model, device)
     return _sum_tensors(model.get_image_features(pixels, grid)) * 0.0
+
+
+def freeze_vision_tower(model: nn.Module) -> None:
+    """Stop training the vision encoder (``model.freeze_vision_tower``): every parameter inside a module named
+    ``visual`` keeps its weights; the rest of the model is left as it is."""
+    for name, param in model.named_parameters():
+        if "visual" in name.split("."):
+            param.requires_grad_(False)

@@ -53,16 +53,23 @@ def response_values(model: ValueModel, micro_batch: Batch) -> torch.Tensor:
 
 
 class Critic:
-    """The sharded value model, its optimizer and the clipped value-loss update."""
+    """The sharded value model, its optimizer and LR schedule, and the clipped value-loss update."""
 
     def __init__(
-        self, model: ValueModel, config: Any, optimizer: torch.optim.Optimizer, device: torch.device | str = "cpu"
+        self,
+        model: ValueModel,
+        config: Any,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device | str = "cpu",
+        lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
     ) -> None:
         self.model = model
         # the worker's device: each micro-batch is moved here before its forward; values go back to the host
         self.device = torch.device(device)
         self.config = config
         self.optimizer = optimizer
+        # stepped once per update call by the worker (worker.critic.optim's warm-up and decay)
+        self.lr_scheduler = lr_scheduler
 
     @torch.no_grad()
     def compute_values(self, batch: Batch, micro_batch_size: int) -> torch.Tensor:

@@ -10,6 +10,7 @@ ranks of one tensor-parallel group pool their shares, since they run one engine 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -23,7 +24,14 @@ from torch import nn
 
 from easyr1.algorithms.advantage import estimator_needs
 from easyr1.checkpoint.sharded import load_component, save_component, save_hf_metadata
-from easyr1.distributed.fsdp import broadcast_full_weights, data_parallel_mesh, gathered_parameters, shard_model
+from easyr1.distributed.fsdp import (
+    broadcast_full_weights,
+    check_fsdp_size,
+    data_parallel_mesh,
+    gathered_parameters,
+    reshard,
+    shard_model,
+)
 from easyr1.distributed.offload import Residency
 from easyr1.distributed.precision import Precision, resolve_precision
 from easyr1.distributed.tensor_parallel import TensorParallelGroup
@@ -38,7 +46,9 @@ from easyr1.models.loading import (
     load_tokenizer_and_processor,
 )
 from easyr1.models.lora import adapter_config_of, apply_lora, lora_scaling, merged_weights
+from easyr1.models.vision_tower import freeze_vision_tower
 from easyr1.protocol import Batch
+from easyr1.seeding import seed_everything
 from easyr1.workers.actor import Actor
 from easyr1.workers.critic import Critic, ValueModel
 from easyr1.workers.optim import build_optimizer
@@ -94,7 +104,7 @@ class HybridWorker(Worker):
         self.device = device_type(config.trainer.device)
         transformers.utils.logging.disable_progress_bar()  # one bar per worker per load is noise
         self.precision = resolve_precision(actor_config.fsdp, self.device, "actor")
-        torch.manual_seed(config.trainer.seed)
+        seed_everything(config.trainer.seed)
         mesh = data_parallel_mesh(self.device)
 
         self.tokenizer, self.processor = load_tokenizer_and_processor(
@@ -106,15 +116,15 @@ class HybridWorker(Worker):
             if model_config.enable_gradient_checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if model_config.freeze_vision_tower:
-                for name, param in model.named_parameters():
-                    if ".visual." in f".{name}":
-                        param.requires_grad_(False)
+                freeze_vision_tower(model)
             if model_config.lora.rank > 0:
                 model = apply_lora(model, model_config.lora)
                 self.lora_scaling = lora_scaling(adapter_config_of(model))
             return model
 
-        model = self._sharded_model(model_config, actor_config.fsdp, self.precision, mesh, prepare_actor)
+        model = self._sharded_model(
+            model_config, actor_config.fsdp, self.precision, mesh, prepare_actor, "worker.actor.fsdp"
+        )
         optim = actor_config.optim
         optimizer = build_optimizer((param for param in model.parameters() if param.requires_grad), optim)
         # Vision placeholders must never be sampled (see actor.BANNED_TOKEN_BIAS).
@@ -147,7 +157,10 @@ class HybridWorker(Worker):
             def freeze(ref_model: nn.Module) -> nn.Module:
                 return ref_model.requires_grad_(False)
 
-            ref_model = self._sharded_model(model_config, ref_config.fsdp, ref_precision, mesh, freeze, override=False)
+            # the actor's model section, override_config included: the reference is the actor's starting point
+            ref_model = self._sharded_model(
+                model_config, ref_config.fsdp, ref_precision, mesh, freeze, "worker.ref.fsdp"
+            )
             self.ref = Actor(ref_model, actor_config, banned_token_ids=self.banned_token_ids, device=self.device)
             self.ref_residency = Residency.from_config(ref_model, None, self.device, ref_config.offload)
 
@@ -174,34 +187,47 @@ class HybridWorker(Worker):
         precision: Precision,
         mesh,
         prepare: Callable[[nn.Module], nn.Module],
-        *,
-        override: bool = True,
+        section: str,
     ) -> nn.Module:
         """Load ``model_config``'s model in ``precision.storage``, ``prepare`` it (wrappers, frozen parts), shard it.
 
         With ``fsdp.enable_rank0_init`` only rank 0 reads the checkpoint; the other ranks build the model on the
         meta device and receive rank 0's weights into their shards after sharding. Either way the whole model is
-        never moved to the device: FSDP2 moves each rank's shards.
+        never moved to the device: FSDP2 moves each rank's shards. ``fsdp.enable_full_shard=false`` keeps each
+        block's parameters gathered between its forward and backward (see :func:`shard_model`). ``section`` is
+        the config section of ``fsdp`` (``worker.actor.fsdp``, ...), for messages.
         """
+        check_fsdp_size(f"{section}.fsdp_size", fsdp.fsdp_size, dist.get_world_size())
         rank0_init = fsdp.enable_rank0_init and dist.get_rank() != 0
         loader = build_empty_model if rank0_init else load_model
         model = loader(
             model_config.model_path,
             precision.storage,
             trust_remote_code=model_config.trust_remote_code,
-            override_config=model_config.override_config if override else None,
+            override_config=model_config.override_config,
             attn_implementation=default_attn_implementation(precision.compute),
         )
         model = prepare(model)
         full_state = model.state_dict() if fsdp.enable_rank0_init and dist.get_rank() == 0 else None
-        shard_model(model, mesh, mp_policy=precision.mixed_precision_policy(), cpu_offload=fsdp.enable_cpu_offload)
+        shard_model(
+            model,
+            mesh,
+            mp_policy=precision.mixed_precision_policy(),
+            cpu_offload=fsdp.enable_cpu_offload,
+            reshard_after_forward=fsdp.enable_full_shard,
+        )
         if fsdp.enable_rank0_init:
             # allocated on the mesh's device like rank 0's buffers; FSDP's CPU offload then moves the shards to host
             broadcast_full_weights(model, full_state, self.device)
         return model
 
     def _build_critic(self, mesh) -> Critic:
-        """The value model: the critic's checkpoint (the actor's by default) with a zero-initialised value head."""
+        """The value model: the critic's checkpoint (the actor's by default) with a zero-initialised value head.
+
+        ``worker.critic.model`` acts as the actor's section does: ``freeze_vision_tower`` keeps the tower's
+        weights, ``lora.rank > 0`` trains adapters on the backbone (base weights frozen) plus the value head.
+        The learning rate follows ``worker.critic.optim``'s schedule, stepped once per critic update.
+        """
         critic_config = self.config.worker.critic
         model_config = critic_config.model
         precision = resolve_precision(critic_config.fsdp, self.device, "critic")
@@ -209,18 +235,32 @@ class HybridWorker(Worker):
         def value_model(language_model: nn.Module) -> nn.Module:
             if model_config.enable_gradient_checkpointing:
                 language_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            return ValueModel(language_model)
+            if model_config.freeze_vision_tower:
+                freeze_vision_tower(language_model)
+            if model_config.lora.rank > 0:
+                # the adapters live in the modules peft wraps in place; the value model keeps the plain backbone
+                language_model = apply_lora(language_model, model_config.lora).get_base_model()
+            return ValueModel(language_model)  # a fresh value head: always trained
 
-        model = self._sharded_model(model_config, critic_config.fsdp, precision, mesh, value_model)
-        optimizer = build_optimizer(model.parameters(), critic_config.optim)
+        fsdp = critic_config.fsdp
+        model = self._sharded_model(model_config, fsdp, precision, mesh, value_model, "worker.critic.fsdp")
+        optim = critic_config.optim
+        if optim.training_steps <= 0:
+            # the trainer fills in the actor's step count; the critic is updated in the same steps
+            optim = dataclasses.replace(optim, training_steps=self.config.worker.actor.optim.training_steps)
+        optimizer = build_optimizer((param for param in model.parameters() if param.requires_grad), optim)
         self.critic_residency = Residency.from_config(model, optimizer, self.device, critic_config.offload)
-        return Critic(model, critic_config, optimizer, device=self.device)
+        return Critic(model, critic_config, optimizer, self.device, build_lr_scheduler(optimizer, optim))
 
     def _build_rollout(self, dtype: torch.dtype):
+        """The engine named by ``worker.rollout.name``, running in ``dtype`` (``worker.rollout.dtype``), with the
+        actor's ``model.override_config``; rank 0's engine shows a progress bar unless ``disable_tqdm``."""
         config = self.config
         rollout = config.worker.rollout
         model = config.worker.actor.model
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        # one bar for the run: every rank generates an equal share at the same time
+        show_progress = not rollout.disable_tqdm and dist.get_rank() == 0
         if rollout.name == "hf":
             from easyr1.workers.rollout.hf_rollout import HFRollout
 
@@ -231,6 +271,8 @@ class HybridWorker(Worker):
                 eos_token_ids=self._eos_ids(),
                 banned_token_ids=self.banned_token_ids,
                 device=self.device,
+                override_config=model.override_config,
+                show_progress=show_progress,
             )
         from easyr1.workers.rollout.vllm_rollout import VLLMRollout
 
@@ -251,6 +293,8 @@ class HybridWorker(Worker):
             cpu_kv_cache_bytes=self._cpu_kv_cache_bytes(dtype),
             trust_remote_code=rollout.trust_remote_code,
             disable_log_stats=rollout.disable_log_stats,
+            override_config=model.override_config,
+            show_progress=show_progress,
         )
 
     def _cpu_kv_cache_bytes(self, dtype: torch.dtype) -> int:
@@ -264,7 +308,7 @@ class HybridWorker(Worker):
         rows = -(-config.data.rollout_batch_size * rollout.n // world) * rollout.tensor_parallel_size
         max_model_len = rollout.max_model_len or (config.data.max_prompt_length + config.data.max_response_length)
         model = config.worker.actor.model
-        model_config = load_model_config(model.model_path, trust_remote_code=model.trust_remote_code)
+        model_config = load_model_config(model.model_path, model.trust_remote_code, model.override_config)
         text_config = getattr(model_config, "text_config", None) or model_config
         return cpu_kv_cache_bytes(text_config, rows, max_model_len, dtype)
 
@@ -323,13 +367,17 @@ class HybridWorker(Worker):
         """The current policy's log-probs of the sampled responses (the PPO ratio's denominator)."""
         micro = self.config.worker.actor.micro_batch_size_per_device_for_experience
         with self.actor_residency.on_device():
-            return Batch(tensors={"old_log_probs": self.actor.compute_log_probs(batch, temperature, micro)})
+            log_probs = self.actor.compute_log_probs(batch, temperature, micro)
+            reshard(self.actor.model)  # fsdp.enable_full_shard=false: no backward comes to reshard it
+        return Batch(tensors={"old_log_probs": log_probs})
 
     def compute_ref_log_probs(self, batch: Batch, temperature: float) -> Batch:
         """The reference policy's log-probs of the sampled responses."""
         micro = self.config.worker.ref.micro_batch_size_per_device_for_experience
         with self.ref_residency.on_device():
-            return Batch(tensors={"ref_log_probs": self.ref.compute_log_probs(batch, temperature, micro)})
+            log_probs = self.ref.compute_log_probs(batch, temperature, micro)
+            reshard(self.ref.model)  # fsdp.enable_full_shard=false: no backward comes to reshard it
+        return Batch(tensors={"ref_log_probs": log_probs})
 
     def compute_experience(self, batch: Batch, temperature: float, passes: Sequence[str]) -> Batch:
         """Several no-grad passes over this rank's share in one call, so the share travels here once.
@@ -362,12 +410,18 @@ class HybridWorker(Worker):
         """The critic's values of the response states (PPO with GAE)."""
         micro = self.config.worker.critic.micro_batch_size_per_device_for_experience
         with self.critic_residency.on_device():
-            return Batch(tensors={"values": self.critic.compute_values(batch, micro)})
+            values = self.critic.compute_values(batch, micro)
+            reshard(self.critic.model)  # fsdp.enable_full_shard=false: no backward comes to reshard it
+        return Batch(tensors={"values": values})
 
     def update_critic(self, batch: Batch, mini_batch_size: int) -> dict[str, float]:
-        """One clipped value-regression update on this rank's share."""
+        """One clipped value-regression update on this rank's share; then the critic's LR schedule steps (the
+        learning rate this update used is ``critic/lr``)."""
         with self.critic_residency.on_device(optimizer=True):
-            return self.critic.update(batch, mini_batch_size)
+            metrics = self.critic.update(batch, mini_batch_size)
+        metrics["critic/lr"] = self.critic.lr_scheduler.get_last_lr()[0]
+        self.critic.lr_scheduler.step()
+        return metrics
 
     def update_actor(self, batch: Batch, temperature: float, mini_batch_size: int) -> dict[str, float]:
         """One policy update on this rank's share (``batch`` carries ``old_log_probs``); the engine's weights are
@@ -425,8 +479,11 @@ class HybridWorker(Worker):
         if dist.get_rank() == 0:
             save_hf_metadata(actor_dir, self.actor.model, self.tokenizer, self.processor)
         if self.critic is not None:
+            critic = self.critic
             with self.critic_residency.on_device(optimizer=True):
-                save_component(Path(step_dir) / "critic", self.critic.model, self.critic.optimizer, None, model_only)
+                save_component(
+                    Path(step_dir) / "critic", critic.model, critic.optimizer, critic.lr_scheduler, model_only
+                )
         dist.barrier()
 
     def load_checkpoint(self, step_dir: str) -> None:
@@ -434,8 +491,9 @@ class HybridWorker(Worker):
         with self.actor_residency.on_device(optimizer=True):
             load_component(Path(step_dir) / "actor", self.actor.model, self.actor.optimizer, self.actor.lr_scheduler)
         if self.critic is not None:
+            critic = self.critic
             with self.critic_residency.on_device(optimizer=True):
-                load_component(Path(step_dir) / "critic", self.critic.model, self.critic.optimizer, None)
+                load_component(Path(step_dir) / "critic", critic.model, critic.optimizer, critic.lr_scheduler)
         self.weights_stale = True
         dist.barrier()
 

@@ -9,8 +9,10 @@ useful where vLLM is not installed.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from easyr1.models.loading import load_model
 from easyr1.protocol import Batch
@@ -30,10 +32,14 @@ class HFRollout:
         eos_token_ids: list[int],
         banned_token_ids: list[int],
         device: str,
+        override_config: dict[str, Any] | None = None,
+        show_progress: bool = False,
     ) -> None:
         self.device = device
         self.weights_discarded = False  # the private copy is never dropped, so it needs a sync only after updates
-        self.model = load_model(model_path, dtype).to(device).eval()
+        # the actor's architecture settings (model.override_config), so the copy computes what the actor computes
+        self.model = load_model(model_path, dtype, override_config=override_config).to(device).eval()
+        self.show_progress = show_progress
         self.pad_token_id = pad_token_id
         self.eos_token_ids = eos_token_ids
         self.sequence_bias = {(token,): BANNED_TOKEN_BIAS for token in banned_token_ids} or None
@@ -42,7 +48,7 @@ class HFRollout:
     def generate(self, prompts: Batch, sampling: SamplingSettings, seeds: list[int]) -> Batch:
         """Generate row by row so that each row's sampling depends only on its own seed."""
         response_ids, response_log_probs = [], []
-        for row in range(len(prompts)):
+        for row in tqdm(range(len(prompts)), desc="generate", leave=False, disable=not self.show_progress):
             ids, log_probs = self._generate_one(prompts.index([row]), sampling, seeds[row])
             response_ids.append(ids)
             response_log_probs.append(log_probs)

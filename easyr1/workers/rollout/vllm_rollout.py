@@ -97,6 +97,8 @@ class VLLMRollout:
         cpu_kv_cache_bytes: int = 2**30,
         trust_remote_code: bool = False,
         disable_log_stats: bool = True,
+        override_config: dict[str, Any] | None = None,
+        show_progress: bool = False,
     ) -> None:
         on_gpu = torch.cuda.is_available()
         if on_gpu:
@@ -110,6 +112,10 @@ class VLLMRollout:
             extra["kv_cache_memory_bytes"] = cpu_kv_cache_bytes
         if limit_images:
             extra["limit_mm_per_prompt"] = {"image": limit_images}
+        if override_config:
+            # the actor's model.override_config; vLLM updates nested configs (text_config, ...) as the actor does
+            extra["hf_overrides"] = dict(override_config)
+        self.show_progress = show_progress
         self.shm_tag = None
         if not on_gpu and tensor_parallel_size > 1:
             # unique shared-memory names for this engine (vLLM's own are the same for every run on the machine)
@@ -178,7 +184,7 @@ class VLLMRollout:
             )
             for seed in seeds
         ]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        outputs = self.llm.generate(requests, params, use_tqdm=self.show_progress)
         self._check_prompt_ids(prompts, [output.prompt_token_ids for output in outputs])
         response_ids, response_log_probs = [], []
         for output in outputs:
