@@ -20,11 +20,19 @@ from easyr1.algorithms.advantage import (
     masked_whiten,
     register_adv_estimator,
 )
-from easyr1.algorithms.aggregation import LOSS_AGG_MODES, aggregate_loss, count_normalizers, masked_mean
+from easyr1.algorithms.aggregation import (
+    LOSS_AGG_MODES,
+    LOSS_AGGREGATIONS,
+    aggregate_loss,
+    count_normalizers,
+    masked_mean,
+    register_loss_aggregation,
+)
 from easyr1.algorithms.filtering import filter_groups
 from easyr1.algorithms.kl import KL_ESTIMATORS, kl_penalty, register_kl_estimator
 from easyr1.algorithms.kl_controller import (
     KL_CONTROLLER_TYPES,
+    KL_CONTROLLERS,
     AdaptiveKLController,
     FixedKLController,
     KLController,
@@ -54,8 +62,10 @@ from easyr1.algorithms.rollout_correction import (
 __all__ = [
     "ADV_ESTIMATORS",
     "KL_CONTROLLER_TYPES",
+    "KL_CONTROLLERS",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
+    "LOSS_AGGREGATIONS",
     "POLICY_LOSSES",
     "ROLLOUT_CORRECTIONS",
     "AdaptiveKLController",
@@ -92,6 +102,7 @@ __all__ = [
     "masked_whiten",
     "register_adv_estimator",
     "register_kl_estimator",
+    "register_loss_aggregation",
     "register_policy_loss",
     "rollout_correction_weights",
     "rollout_mismatch_metrics",

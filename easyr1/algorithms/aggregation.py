@@ -21,16 +21,77 @@ counts (correct for a single micro-batch on a single worker, and for metrics).
 
 from __future__ import annotations
 
-import typing
-from typing import Literal
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
+from easyr1.algorithms.registry import Registry
 from easyr1.errors import ConfigError
 
 
-LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
-LOSS_AGG_MODES: tuple[str, ...] = typing.get_args(LossAggMode)
+@dataclass(frozen=True)
+class AggregationInputs:
+    """What a loss aggregation mode reduces: the masked (B, T) loss and the counts it normalises by.
+
+    Attributes:
+        masked: the per-token loss with masked-out positions set to 0.
+        weights: the response mask as 0/1 in the loss's dtype.
+        num_tokens: valid tokens of the whole mini-batch (or of this micro-batch when no global count is given).
+        num_seqs: sequences with a valid token, counted the same way.
+        world_size: number of data-parallel workers whose gradients are averaged.
+        loss_scale_factor: the constant length normaliser of ``seq-mean-token-sum-norm`` (None: the padded length).
+    """
+
+    masked: torch.Tensor
+    weights: torch.Tensor
+    num_tokens: float
+    num_seqs: float
+    world_size: int
+    loss_scale_factor: float | None
+
+
+LossAggregation = Callable[[AggregationInputs], torch.Tensor]
+
+LOSS_AGGREGATIONS: Registry[LossAggregation] = Registry("loss aggregation mode", "worker.actor.loss_agg_mode")
+
+
+def register_loss_aggregation(name: str) -> Callable[[LossAggregation], LossAggregation]:
+    """Decorator registering a loss aggregation mode ``fn(AggregationInputs) -> scalar`` under ``name``."""
+    return LOSS_AGGREGATIONS.register(name)
+
+
+@register_loss_aggregation("token-mean")
+def _token_mean(inputs: AggregationInputs) -> torch.Tensor:
+    """Every token in the mini-batch weighs the same."""
+    return inputs.masked.sum() * inputs.world_size / max(inputs.num_tokens, 1.0)
+
+
+@register_loss_aggregation("seq-mean-token-mean")
+def _seq_mean_token_mean(inputs: AggregationInputs) -> torch.Tensor:
+    """Every sequence weighs the same; tokens are averaged within a sequence."""
+    seq_losses = inputs.masked.sum(dim=-1) / inputs.weights.sum(dim=-1).clamp(min=1)
+    return seq_losses.sum() * inputs.world_size / max(inputs.num_seqs, 1.0)
+
+
+@register_loss_aggregation("seq-mean-token-sum")
+def _seq_mean_token_sum(inputs: AggregationInputs) -> torch.Tensor:
+    """Every sequence weighs the same; tokens are summed within a sequence."""
+    return inputs.masked.sum(dim=-1).sum() * inputs.world_size / max(inputs.num_seqs, 1.0)
+
+
+@register_loss_aggregation("seq-mean-token-sum-norm")
+def _seq_mean_token_sum_norm(inputs: AggregationInputs) -> torch.Tensor:
+    """Token sums divided by a constant length, so long responses are not down-weighted (Dr. GRPO)."""
+    masked = inputs.masked
+    scale = float(masked.shape[-1]) if inputs.loss_scale_factor is None else float(inputs.loss_scale_factor)
+    if scale <= 0:
+        raise ConfigError(f"loss_scale_factor must be positive for seq-mean-token-sum-norm, got {scale}")
+    return masked.sum(dim=-1).sum() * inputs.world_size / (max(inputs.num_seqs, 1.0) * scale)
+
+
+# The registered modes, for parametrised tests and help texts; the registry stays the one list.
+LOSS_AGG_MODES: tuple[str, ...] = tuple(LOSS_AGGREGATIONS.names())
 
 
 def count_normalizers(mask: torch.Tensor) -> tuple[float, float]:
@@ -62,7 +123,7 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None
 def aggregate_loss(
     loss_mat: torch.Tensor,
     mask: torch.Tensor,
-    mode: LossAggMode | str = "token-mean",
+    mode: str = "token-mean",
     *,
     num_global_tokens: float | None = None,
     num_global_seqs: float | None = None,
@@ -92,7 +153,7 @@ def aggregate_loss(
     Args:
         loss_mat: (B, T) per-token loss.
         mask: (B, T) response mask, bool or 0/1.
-        mode: one of :data:`LOSS_AGG_MODES`.
+        mode: a name registered in :data:`LOSS_AGGREGATIONS`.
         num_global_tokens: valid tokens in the whole mini-batch, summed over all workers.
         num_global_seqs: sequences with a valid token in the whole mini-batch, summed over all workers.
         world_size: number of data-parallel workers whose gradients are averaged.
@@ -103,25 +164,19 @@ def aggregate_loss(
     """
     if loss_mat.shape != mask.shape or loss_mat.dim() != 2:
         raise ValueError(f"loss_mat {tuple(loss_mat.shape)} and mask {tuple(mask.shape)} must both be (B, T)")
-    weights = mask.to(loss_mat.dtype)
+    if mode not in LOSS_AGGREGATIONS:
+        raise ConfigError(
+            f"Unknown loss aggregation mode {mode!r}. Valid modes: {', '.join(LOSS_AGGREGATIONS.names())}."
+        )
     # Masked-out entries may hold inf/nan (e.g. exp of a huge log-ratio); select instead of multiplying.
     masked = torch.where(mask.bool(), loss_mat, torch.zeros_like(loss_mat))
     local_tokens, local_seqs = count_normalizers(mask)
-
-    if mode == "token-mean":
-        denominator = local_tokens if num_global_tokens is None else num_global_tokens
-        return masked.sum() * world_size / max(denominator, 1.0)
-
-    seq_sums = masked.sum(dim=-1)
-    seqs = local_seqs if num_global_seqs is None else num_global_seqs
-    if mode == "seq-mean-token-mean":
-        seq_losses = seq_sums / weights.sum(dim=-1).clamp(min=1)
-        return seq_losses.sum() * world_size / max(seqs, 1.0)
-    if mode == "seq-mean-token-sum":
-        return seq_sums.sum() * world_size / max(seqs, 1.0)
-    if mode == "seq-mean-token-sum-norm":
-        scale = float(loss_mat.shape[-1]) if loss_scale_factor is None else float(loss_scale_factor)
-        if scale <= 0:
-            raise ConfigError(f"loss_scale_factor must be positive for seq-mean-token-sum-norm, got {scale}")
-        return seq_sums.sum() * world_size / (max(seqs, 1.0) * scale)
-    raise ConfigError(f"Unknown loss aggregation mode {mode!r}. Valid modes: {', '.join(LOSS_AGG_MODES)}.")
+    inputs = AggregationInputs(
+        masked=masked,
+        weights=mask.to(loss_mat.dtype),
+        num_tokens=local_tokens if num_global_tokens is None else num_global_tokens,
+        num_seqs=local_seqs if num_global_seqs is None else num_global_seqs,
+        world_size=world_size,
+        loss_scale_factor=loss_scale_factor,
+    )
+    return LOSS_AGGREGATIONS.get(mode)(inputs)

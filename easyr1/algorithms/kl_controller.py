@@ -9,12 +9,12 @@ Controllers have ``state_dict`` / ``load_state_dict`` so that a resumed run cont
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
+from easyr1.algorithms.registry import Registry
 from easyr1.errors import ConfigError
 
-
-KL_CONTROLLER_TYPES: tuple[str, ...] = ("fixed", "adaptive")
 
 # Ziegler et al. clip the proportional error so one step changes beta by at most 20% of n_steps / horizon.
 _ERROR_CLIP = 0.2
@@ -86,18 +86,35 @@ class AdaptiveKLController:
 
 KLController = FixedKLController | AdaptiveKLController
 
+# A builder ``fn(kl_coef, kl_target, kl_horizon) -> controller`` per ``algorithm.kl_type``.
+KLControllerBuilder = Callable[[float, float, float], KLController]
+
+KL_CONTROLLERS: Registry[KLControllerBuilder] = Registry("KL controller", "algorithm.kl_type")
+
+
+@KL_CONTROLLERS.register("fixed")
+def _fixed(kl_coef: float, kl_target: float, kl_horizon: float) -> KLController:
+    return FixedKLController(kl_coef)
+
+
+@KL_CONTROLLERS.register("adaptive")
+def _adaptive(kl_coef: float, kl_target: float, kl_horizon: float) -> KLController:
+    return AdaptiveKLController(kl_coef, kl_target, kl_horizon)
+
+
+# The registered types, for help texts; the registry stays the one list.
+KL_CONTROLLER_TYPES: tuple[str, ...] = tuple(KL_CONTROLLERS.names())
+
 
 def build_kl_controller(
     kl_type: str, kl_coef: float, kl_target: float = 0.1, kl_horizon: float = 10000.0
 ) -> KLController:
-    """The controller selected by ``algorithm.kl_type`` (``fixed`` or ``adaptive``), built from the config values."""
-    if kl_type == "fixed":
-        return FixedKLController(kl_coef)
-    if kl_type == "adaptive":
-        return AdaptiveKLController(kl_coef, kl_target, kl_horizon)
-    raise ConfigError(
-        f"algorithm.kl_type={kl_type!r} is not supported; valid values: {', '.join(KL_CONTROLLER_TYPES)}"
-    )
+    """The controller registered as ``algorithm.kl_type`` (``fixed`` or ``adaptive``), built from the config values."""
+    if kl_type not in KL_CONTROLLERS:
+        raise ConfigError(
+            f"algorithm.kl_type={kl_type!r} is not supported; valid values: {', '.join(KL_CONTROLLERS.names())}"
+        )
+    return KL_CONTROLLERS.get(kl_type)(kl_coef, kl_target, kl_horizon)
 
 
 def _read_value(state: dict[str, Any]) -> float:

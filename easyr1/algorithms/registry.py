@@ -1,9 +1,9 @@
-"""Name -> function registries for advantage estimators, policy losses and KL estimators.
+"""Name -> function registries: the one list of names of each family of interchangeable parts.
 
-Each family of interchangeable algorithms (``grpo``/``rloo``/``gae``..., ``ppo``/``gspo``/``cispo``...,
-``kl``/``low_var_kl``...) lives in one :class:`Registry`. A new variant is one decorated function; the config
-refers to it by name, and an unknown name fails with a :class:`~easyr1.errors.ConfigError` listing the valid
-ones.
+Each family (advantage estimators ``grpo``/``rloo``/``gae``..., policy losses ``ppo``/``gspo``/``cispo``..., KL
+estimators ``kl``/``low_var_kl``..., loss aggregation modes, KL controllers, rollout engines) lives in one
+:class:`Registry`. A new variant is one decorated function; the config refers to it by name, validates the name
+against the registry, and an unknown name fails with a :class:`~easyr1.errors.ConfigError` listing the valid ones.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ class Registry(Generic[FnT]):
         )
 
     def names(self) -> list[str]:
-        """All registered names, sorted."""
-        return sorted(self._entries)
+        """All registered names, in the order they were registered (the order error messages list them in)."""
+        return list(self._entries)
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries

@@ -11,6 +11,7 @@ ranks of one tensor-parallel group pool their shares, since they run one engine 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -52,7 +53,8 @@ from easyr1.seeding import seed_everything
 from easyr1.workers.actor import Actor
 from easyr1.workers.critic import Critic, ValueModel
 from easyr1.workers.optim import build_optimizer
-from easyr1.workers.rollout.base import SamplingSettings
+from easyr1.workers.rollout import EngineSetup, build_rollout_engine, supports_tensor_parallel
+from easyr1.workers.rollout.base import RolloutEngine, SamplingSettings
 from easyr1.workers.rollout.vllm_rollout import cpu_kv_cache_bytes
 
 
@@ -170,11 +172,12 @@ class HybridWorker(Worker):
             if residency is not None:
                 residency.release()  # off the device before the engine claims its memory
         # before the engine: vLLM creates its own groups next, and every rank must create groups in one order
+        engine_tensor_parallel = supports_tensor_parallel(config.worker.rollout.name)
         self.tensor_parallel = TensorParallelGroup(
-            config.worker.rollout.tensor_parallel_size if config.worker.rollout.name == "vllm" else 1
+            config.worker.rollout.tensor_parallel_size if engine_tensor_parallel else 1
         )
         self.rollout = self._build_rollout(engine_dtype(config.worker.rollout.dtype, self.precision.compute))
-        if config.worker.rollout.name == "vllm" and self.rollout.tensor_parallel_ranks() != self.tensor_parallel.ranks:
+        if engine_tensor_parallel and self.rollout.tensor_parallel_ranks() != self.tensor_parallel.ranks:
             raise RuntimeError(
                 f"vLLM's tensor-parallel group {self.rollout.tensor_parallel_ranks()} differs from the prompt-sharing "
                 f"group {self.tensor_parallel.ranks}: the ranks of one engine would generate different prompts"
@@ -252,50 +255,22 @@ class HybridWorker(Worker):
         self.critic_residency = Residency.from_config(model, optimizer, self.device, critic_config.offload)
         return Critic(model, critic_config, optimizer, self.device, build_lr_scheduler(optimizer, optim))
 
-    def _build_rollout(self, dtype: torch.dtype):
-        """The engine named by ``worker.rollout.name``, running in ``dtype`` (``worker.rollout.dtype``), with the
+    def _build_rollout(self, dtype: torch.dtype) -> RolloutEngine:
+        """The engine registered as ``worker.rollout.name``, running in ``dtype`` (``worker.rollout.dtype``), with the
         actor's ``model.override_config``; rank 0's engine shows a progress bar unless ``disable_tqdm``."""
-        config = self.config
-        rollout = config.worker.rollout
-        model = config.worker.actor.model
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        # one bar for the run: every rank generates an equal share at the same time
-        show_progress = not rollout.disable_tqdm and dist.get_rank() == 0
-        if rollout.name == "hf":
-            from easyr1.workers.rollout.hf_rollout import HFRollout
-
-            return HFRollout(
-                model.model_path,
-                dtype=dtype,
-                pad_token_id=pad_id,
-                eos_token_ids=self._eos_ids(),
-                banned_token_ids=self.banned_token_ids,
-                device=self.device,
-                override_config=model.override_config,
-                show_progress=show_progress,
-            )
-        from easyr1.workers.rollout.vllm_rollout import VLLMRollout
-
-        return VLLMRollout(
-            model.model_path,
-            model.tokenizer_path,
+        setup = EngineSetup(
+            config=self.config,
             dtype=dtype,
-            max_model_len=rollout.max_model_len or (config.data.max_prompt_length + config.data.max_response_length),
-            tensor_parallel_size=rollout.tensor_parallel_size,
-            seed=rollout.seed,
             pad_token_id=pad_id,
+            eos_token_ids=self._eos_ids(),
             banned_token_ids=self.banned_token_ids,
-            limit_images=rollout.limit_images,
-            gpu_memory_utilization=rollout.gpu_memory_utilization,
-            enforce_eager=rollout.enforce_eager,
-            enable_chunked_prefill=rollout.enable_chunked_prefill,
-            max_num_batched_tokens=rollout.max_num_batched_tokens,
-            cpu_kv_cache_bytes=self._cpu_kv_cache_bytes(dtype),
-            trust_remote_code=rollout.trust_remote_code,
-            disable_log_stats=rollout.disable_log_stats,
-            override_config=model.override_config,
-            show_progress=show_progress,
+            device=self.device,
+            cpu_kv_cache_bytes=functools.partial(self._cpu_kv_cache_bytes, dtype),
+            # one bar for the run: every rank generates an equal share at the same time
+            show_progress=not self.config.worker.rollout.disable_tqdm and dist.get_rank() == 0,
         )
+        return build_rollout_engine(setup)
 
     def _cpu_kv_cache_bytes(self, dtype: torch.dtype) -> int:
         """``worker.rollout.cpu_kv_cache_gb``, or (null) enough for this engine's share of a rollout batch."""
