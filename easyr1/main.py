@@ -76,17 +76,16 @@ def read_model_config(model_path: str) -> dict:
 
 def run(argv: list[str]) -> list[dict[str, float]]:
     """Load the config from ``argv``, train, and return every step's metrics."""
-    from easyr1.config import check_against_model, inactive_settings, load_config
+    from easyr1.config import check_against_model, compatibility_only_settings, load_config
     from easyr1.seeding import seed_everything
     from easyr1.tools.demo_assets import prepare_demo_assets
 
     config = load_config(argv)
     seed_everything(config.trainer.seed)  # the driver's generators; each worker seeds its own
-    inactive = inactive_settings(config)
-    if inactive:
-        print(
-            f"easyr1: warning: these settings have no effect in this version: {', '.join(inactive)}", file=sys.stderr
-        )
+    ignored = compatibility_only_settings(config)
+    if ignored:
+        notice = f"easyr1: notice: accepted for EasyR1 compatibility, no effect here: {', '.join(ignored)}"
+        print(notice, file=sys.stderr)
     prepare_demo_assets(config)
     check_against_model(config, read_model_config(config.worker.actor.model.model_path))
     init_ray(config.trainer.nnodes * config.trainer.n_gpus_per_node, config.trainer.nnodes)

@@ -9,11 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from easyr1.algorithms import ADV_ESTIMATORS, KL_CONTROLLERS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 from easyr1.config import (
-    ADV_ESTIMATORS,
-    KL_PENALTIES,
-    LOSS_AGG_MODES,
-    LOSS_TYPES,
     PPOConfig,
     check_against_model,
     describe,
@@ -22,6 +19,8 @@ from easyr1.config import (
     to_yaml,
 )
 from easyr1.errors import ConfigError, UserError
+from easyr1.workers.reward import REWARD_TYPES
+from easyr1.workers.rollout import ROLLOUT_ENGINES
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -734,13 +733,44 @@ def test_to_dict_is_plain_data():
 # ---------------------------------------------------------------------------------------------------- registries
 
 
-def test_config_names_match_the_algorithm_registries():
-    from easyr1.algorithms.advantage import ADV_ESTIMATORS as ADV_REGISTRY
-    from easyr1.algorithms.aggregation import LOSS_AGG_MODES as AGG_MODES
-    from easyr1.algorithms.kl import KL_ESTIMATORS
-    from easyr1.algorithms.policy_loss import POLICY_LOSSES
+# Each family's config key and its registry's names: the config accepts exactly these.
+REGISTERED_NAMES = [
+    ("algorithm.adv_estimator", ADV_ESTIMATORS.names()),
+    ("algorithm.kl_penalty", KL_ESTIMATORS.names()),
+    ("algorithm.kl_type", KL_CONTROLLERS.names()),
+    ("worker.actor.loss_type", POLICY_LOSSES.names()),
+    ("worker.actor.loss_agg_mode", LOSS_AGGREGATIONS.names()),
+    ("worker.rollout.name", ROLLOUT_ENGINES.names()),
+    ("worker.reward.reward_type", list(REWARD_TYPES)),
+]
 
-    assert set(ADV_ESTIMATORS) <= set(ADV_REGISTRY.names())
-    assert set(LOSS_TYPES) <= set(POLICY_LOSSES.names())
-    assert set(KL_PENALTIES) <= set(KL_ESTIMATORS.names())
-    assert set(LOSS_AGG_MODES) == set(AGG_MODES)
+
+@pytest.mark.parametrize(
+    ("key", "name"), [(key, name) for key, names in REGISTERED_NAMES for name in names], ids=lambda item: str(item)
+)
+def test_every_registered_name_is_accepted(key, name):
+    config = load_config([*SMALL, f"{key}={name}"])
+    section, _, field_name = key.rpartition(".")
+    value = config
+    for part in section.split("."):
+        value = getattr(value, part)
+    assert getattr(value, field_name) == name
+
+
+def test_kl_estimator_aliases_k1_k2_k3_are_accepted():
+    for name in ("k1", "k2", "k3"):
+        assert load_config([*SMALL, f"algorithm.kl_penalty={name}"]).worker.actor.kl_penalty == name
+
+
+@pytest.mark.parametrize(("key", "names"), REGISTERED_NAMES, ids=[key for key, _ in REGISTERED_NAMES])
+def test_an_unknown_name_lists_the_registry_names(key, names):
+    message = config_error([*SMALL, f"{key}=no_such_name"])
+    assert message.startswith(f"{key}='no_such_name' is not supported")
+    assert message.endswith(f"valid values: {', '.join(names)}")
+
+
+def test_a_newly_registered_name_is_accepted_without_touching_the_config(monkeypatch):
+    # The config reads the registry itself: a name registered later is valid at once.
+    assert "never_seen" in config_error([*SMALL, "algorithm.kl_penalty=never_seen"])
+    monkeypatch.setitem(KL_ESTIMATORS._entries, "never_seen", KL_ESTIMATORS.get("kl"))
+    assert load_config([*SMALL, "algorithm.kl_penalty=never_seen"]).algorithm.kl_penalty == "never_seen"

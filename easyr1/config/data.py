@@ -1,0 +1,65 @@
+"""The ``data`` section: where the prompts come from and how they become model inputs, with its value checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from easyr1.config.fields import option
+from easyr1.config.rules import AT_LEAST_ONE, AT_LEAST_ONE_OR_NULL, MINUS_ONE_OR_AT_LEAST_ONE, NON_NEGATIVE, POSITIVE
+
+
+@dataclass
+class DataConfig:
+    """Where the prompts come from and how they are turned into model inputs."""
+
+    train_files: str = option(
+        "hiyouga/geometry3k@train",
+        "training data: a local .jsonl/.json/.parquet file or directory, or 'hub_name@split'",
+    )
+    val_files: str = option("hiyouga/geometry3k@test", "validation data, in the same forms as train_files")
+    prompt_key: str = option("problem", "row key of the prompt text; '<image>' / '<video>' mark the vision inputs")
+    answer_key: str = option("answer", "row key of the ground truth given to the reward function")
+    image_key: str = option("images", "row key of the images (paths, bytes or PIL images)")
+    video_key: str = option("videos", "row key of the videos (paths or lists of frames)")
+    image_dir: str | None = option(None, "directory of relative image/video paths (null: the data file's directory)")
+    video_fps: float = option(2.0, "frames per second sampled from videos")
+    max_prompt_length: int = option(512, "longest prompt in tokens, vision tokens included")
+    max_response_length: int = option(512, "most tokens generated per response")
+    rollout_batch_size: int = option(512, "prompts per training step; each is sampled worker.rollout.n times")
+    mini_rollout_batch_size: int | None = option(
+        None, "prompts per generation round when online filtering refills a step (null: rollout_batch_size)"
+    )
+    val_batch_size: int = option(-1, "prompts per validation generation round (-1: the whole validation set)")
+    format_prompt: str | None = option(None, "Jinja template (.jinja file) around each prompt: '{{ content }}'")
+    override_chat_template: str | None = option(None, "chat template used instead of the tokenizer's (file path)")
+    shuffle: bool = option(True, "shuffle the training data every epoch")
+    seed: int = option(1, "seed of the training data order")
+    min_pixels: int | None = option(262144, "smallest image area in pixels after resizing (null: processor default)")
+    max_pixels: int | None = option(4194304, "largest image area in pixels after resizing (null: processor default)")
+    filter_overlong_prompts: bool = option(True, "drop prompts longer than max_prompt_length when loading the data")
+    skip_bad_rows: bool = option(
+        False, "drop rows that cannot be used (counted and reported) instead of stopping with an error"
+    )
+    filter_overlong_prompts_workers: int = option(16, "processes used to find overlong prompts")
+    dataloader_num_workers: int = option(0, "worker processes of the training dataloader (0: load in the driver)")
+
+
+# Value rules of single keys, relative to ``data``.
+DATA_RANGES = {
+    "max_prompt_length": AT_LEAST_ONE,
+    "max_response_length": AT_LEAST_ONE,
+    "rollout_batch_size": AT_LEAST_ONE,
+    "mini_rollout_batch_size": AT_LEAST_ONE_OR_NULL,
+    "val_batch_size": MINUS_ONE_OR_AT_LEAST_ONE,
+    "video_fps": POSITIVE,
+    "min_pixels": AT_LEAST_ONE_OR_NULL,
+    "max_pixels": AT_LEAST_ONE_OR_NULL,
+    "filter_overlong_prompts_workers": AT_LEAST_ONE,
+    "dataloader_num_workers": NON_NEGATIVE,
+}
+
+
+def check_data_pairs(data: DataConfig, problems: list[str]) -> None:
+    """Pairs of ``data`` values in the wrong order."""
+    if data.min_pixels is not None and data.max_pixels is not None and data.min_pixels > data.max_pixels:
+        problems.append(f"data.min_pixels={data.min_pixels} is larger than data.max_pixels={data.max_pixels}")
