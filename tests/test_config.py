@@ -20,7 +20,7 @@ from easyr1.config import (
 )
 from easyr1.errors import ConfigError, UserError
 from easyr1.workers.reward import REWARD_TYPES
-from easyr1.workers.rollout import ROLLOUT_ENGINES
+from easyr1.workers.rollout.engines import ROLLOUT_ENGINES
 
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,10 +7,11 @@ of its fields:
 
 - ``data.py``, ``algorithm.py``, ``actor.py`` (actor, reference, critic and the model, optimizer, FSDP, offload and
   LoRA sections they share), ``rollout.py``, ``reward.py``, ``trainer.py``: the sections;
-- ``ppo.py``: :class:`PPOConfig`, the worker section and the derived (mirror) fields;
+- ``ppo.py``: :class:`PPOConfig`, the worker section, the derived (mirror) fields, and the entry points of the
+  checks (:meth:`PPOConfig.validate`, :func:`check_against_model`);
 - ``loading.py``: :func:`load_config` (YAML + dot-list overrides, renamed keys, suggestions), :func:`describe`,
   :func:`to_yaml`;
-- ``checks.py``: the checks across sections (batch sizes, parallel sizes, lengths) and :func:`check_against_model`;
+- ``checks.py``: the checks across sections (batch sizes, parallel sizes, lengths; the model's ``config.json``);
 - ``fields.py`` (field helpers, the compatibility-only marker, walking the tree), ``rules.py`` (value rules),
   ``paths.py`` (local paths made absolute).
 
@@ -31,11 +32,10 @@ from easyr1.config.actor import (
     RefConfig,
 )
 from easyr1.config.algorithm import AlgorithmConfig
-from easyr1.config.checks import check_against_model
 from easyr1.config.data import DataConfig
 from easyr1.config.fields import compatibility_only_keys, compatibility_only_settings
 from easyr1.config.loading import describe, load_config, to_dict, to_yaml
-from easyr1.config.ppo import MIRRORS, PPOConfig, WorkerConfig
+from easyr1.config.ppo import MIRRORS, PPOConfig, WorkerConfig, check_against_model
 from easyr1.config.reward import RewardConfig
 from easyr1.config.rollout import RolloutConfig
 from easyr1.config.rules import DTYPE_NAMES

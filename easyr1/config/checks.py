@@ -10,64 +10,16 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from easyr1.algorithms.advantage import ADV_ESTIMATORS, EstimatorNeeds, estimator_needs
-from easyr1.config.actor import ACTOR_RANGES, check_fsdp_dtypes, check_model_names
-from easyr1.config.algorithm import ALGORITHM_RANGES, check_algorithm_names, check_algorithm_pairs
-from easyr1.config.data import DATA_RANGES, check_data_pairs
-from easyr1.config.fields import get_key
-from easyr1.config.reward import REWARD_RANGES, check_reward_function, check_reward_names
-from easyr1.config.rollout import ROLLOUT_RANGES, check_rollout_names, check_val_override
-from easyr1.config.rules import check_ranges, prefixed
-from easyr1.config.trainer import TRAINER_RANGES, check_trainer_names
+from easyr1.config.actor import ActorConfig, CriticConfig, ModelConfig
+from easyr1.config.algorithm import AlgorithmConfig
+from easyr1.config.data import DataConfig
+from easyr1.config.rollout import RolloutConfig
+from easyr1.config.trainer import TrainerConfig
 from easyr1.errors import ConfigError
-from easyr1.workers.rollout import ROLLOUT_ENGINES, supports_tensor_parallel
-
-
-if TYPE_CHECKING:
-    from easyr1.config.ppo import PPOConfig
-
-
-# Every single-key rule by its full key. trainer.peak_flops_per_device keeps its place at the front of the
-# table (a repeated key keeps its first position), so problems are listed in the order they always were.
-_RANGES = {
-    "trainer.peak_flops_per_device": TRAINER_RANGES["peak_flops_per_device"],
-    **prefixed("data", DATA_RANGES),
-    **prefixed("algorithm", ALGORITHM_RANGES),
-    **prefixed("worker.actor", ACTOR_RANGES),
-    **prefixed("worker.rollout", ROLLOUT_RANGES),
-    **prefixed("worker.reward", REWARD_RANGES),
-    **prefixed("trainer", TRAINER_RANGES),
-}
-
-
-def validation_problems(config: PPOConfig, num_workers: int | None) -> list[str]:
-    """Every problem of the config, as messages naming the keys and values involved."""
-    if num_workers is not None and num_workers < 1:
-        raise ValueError(f"num_workers must be at least 1, got {num_workers}")
-    problems: list[str] = []
-    worker = config.worker
-    if worker.actor.model.model_path is None:
-        problems.append("worker.actor.model.model_path is not set; pass worker.actor.model.model_path=PATH_OR_HUB_ID")
-    check_reward_function(worker.reward, problems)
-    check_ranges(config, _RANGES, problems)
-    check_data_pairs(config.data, problems)
-    check_algorithm_pairs(config.algorithm, problems)
-    check_algorithm_names(config.algorithm, problems)
-    check_model_names(worker.actor, worker.ref, problems)
-    check_rollout_names(worker.rollout, problems)
-    fsdp_sections = [
-        ("worker.actor.fsdp", worker.actor.fsdp),
-        ("worker.ref.fsdp", worker.ref.fsdp),
-        ("worker.critic.fsdp", worker.critic.fsdp),
-    ]
-    check_fsdp_dtypes(fsdp_sections, problems)
-    check_reward_names(worker.reward, problems)
-    check_trainer_names(config.trainer, problems)
-    check_val_override(worker.rollout, problems)
-    _check_sizes(config, num_workers, problems)
-    return problems
+from easyr1.workers.rollout.engines import ROLLOUT_ENGINES, supports_tensor_parallel
 
 
 def _largest_divisor_up_to(number: int, limit: int) -> int:
@@ -85,12 +37,22 @@ def _tensor_parallel(engine: str) -> bool:
     return engine in ROLLOUT_ENGINES and supports_tensor_parallel(engine)
 
 
-def _check_sizes(config: PPOConfig, num_workers: int | None, problems: list[str]) -> None:
-    """Batch sizes that must split evenly over workers and micro-batches; parallel group sizes; lengths."""
-    data, actor, rollout = config.data, config.worker.actor, config.worker.rollout
+def check_sizes(
+    data: DataConfig,
+    algorithm: AlgorithmConfig,
+    actor: ActorConfig,
+    critic: CriticConfig,
+    rollout: RolloutConfig,
+    trainer: TrainerConfig,
+    num_workers: int | None,
+    problems: list[str],
+) -> None:
+    """Batch sizes that must split evenly over workers and micro-batches; parallel group sizes; lengths.
+
+    ``num_workers`` replaces ``trainer.nnodes * trainer.n_gpus_per_node`` when the caller knows the real count.
+    """
     if num_workers is None:
-        workers = config.world_size
-        trainer = config.trainer
+        workers = trainer.nnodes * trainer.n_gpus_per_node
         who = f"the {workers} workers (trainer.nnodes={trainer.nnodes} * trainer.n_gpus_per_node="
         who += f"{trainer.n_gpus_per_node})"
     else:
@@ -122,9 +84,8 @@ def _check_sizes(config: PPOConfig, num_workers: int | None, problems: list[str]
                 f"data.mini_rollout_batch_size={data.mini_rollout_batch_size} must divide data.rollout_batch_size="
                 f"{rollout_size}: a step's prompts are drawn in whole generation rounds"
             )
-    needs = _estimator_needs(config.algorithm.adv_estimator)
+    needs = _estimator_needs(algorithm.adv_estimator)
     if needs.critic:
-        critic = config.worker.critic
         if critic.global_batch_size > rollout_size or rollout_size % max(critic.global_batch_size, 1):
             problems.append(
                 f"worker.critic.global_batch_size={critic.global_batch_size} must divide "
@@ -137,6 +98,11 @@ def _check_sizes(config: PPOConfig, num_workers: int | None, problems: list[str]
                 "worker.critic.micro_batch_size_per_device_for_update",
             )
         )
+    micro_sizes = {
+        "worker.actor.micro_batch_size_per_device_for_experience": actor.micro_batch_size_per_device_for_experience,
+        "worker.actor.micro_batch_size_per_device_for_update": actor.micro_batch_size_per_device_for_update,
+        "worker.critic.micro_batch_size_per_device_for_update": critic.micro_batch_size_per_device_for_update,
+    }
     for key, prompts, micro_key in per_batch:
         samples = prompts * n
         if samples % workers:
@@ -145,7 +111,7 @@ def _check_sizes(config: PPOConfig, num_workers: int | None, problems: list[str]
                 f"{who}; make {key} * n a multiple of {workers}"
             )
             continue
-        micro = get_key(config, micro_key) if micro_key else 1
+        micro = micro_sizes[micro_key] if micro_key else 1
         per_worker = samples // workers
         if 1 <= micro < per_worker and per_worker % micro:  # a micro-batch may hold a worker's whole share
             problems.append(
@@ -167,7 +133,7 @@ def _check_sizes(config: PPOConfig, num_workers: int | None, problems: list[str]
             "micro_batch_size_per_device_for_update / _for_experience, and "
             "worker.actor.model.enable_gradient_checkpointing=true"
         )
-    nodes, per_node, tp = config.trainer.nnodes, config.trainer.n_gpus_per_node, rollout.tensor_parallel_size
+    nodes, per_node, tp = trainer.nnodes, trainer.n_gpus_per_node, rollout.tensor_parallel_size
     if nodes > 1 and per_node >= 1 and tp >= 1 and per_node % tp:
         problems.append(
             f"worker.rollout.tensor_parallel_size={tp} does not divide trainer.n_gpus_per_node={per_node}: with "
@@ -188,7 +154,7 @@ def _check_sizes(config: PPOConfig, num_workers: int | None, problems: list[str]
             "raise max_model_len or lower the length limits"
         )
 
-    estimator = config.algorithm.adv_estimator
+    estimator = algorithm.adv_estimator
     if needs.greedy_baseline and rollout_size % workers:
         problems.append(
             f"algorithm.adv_estimator={estimator} generates one greedy baseline per prompt, so "
@@ -201,7 +167,7 @@ def _check_sizes(config: PPOConfig, num_workers: int | None, problems: list[str]
         )
 
 
-def _read_model_config(model_path: str | None) -> dict[str, Any] | None:
+def read_model_config(model_path: str | None) -> dict[str, Any] | None:
     """The parsed ``config.json`` of a local model directory, or None when there is none to read."""
     if model_path is None or not os.path.isfile(os.path.join(model_path, "config.json")):
         return None
@@ -224,23 +190,16 @@ def _model_value(model_config: Mapping[str, Any], key: str) -> Any:
     return model_config.get(key)
 
 
-def check_against_model(config: PPOConfig, model_config: Mapping[str, Any] | None = None) -> None:
-    """Check the config against the model's ``config.json``; no weights are read.
-
-    ``model_config`` is that file as a dict; when it is omitted, ``<model_path>/config.json`` is read if the model is
-    a local directory (a hub id is skipped: nothing can be checked before download). Raises :class:`ConfigError`
-    when the sequence lengths exceed ``max_position_embeddings``, when the tensor-parallel size does not divide the
-    attention heads, or when a vision setting is used with a text-only model.
-    """
-    if model_config is None:
-        model_config = _read_model_config(config.worker.actor.model.model_path)
-        if model_config is None:
-            return
+def model_problems(
+    data: DataConfig, model: ModelConfig, rollout: RolloutConfig, model_config: Mapping[str, Any]
+) -> list[str]:
+    """What does not fit the model's ``config.json`` (``model_config``): sequence lengths beyond
+    ``max_position_embeddings``, a tensor-parallel size that does not divide the attention heads, a vision setting
+    with a text-only model."""
     # The user's override_config wins over the file, as it does when the model is loaded.
-    model_config = {**model_config, **config.worker.actor.model.override_config}
+    model_config = {**model_config, **model.override_config}
     problems = []
-    model = config.worker.actor.model.model_path
-    data, rollout = config.data, config.worker.rollout
+    model_path = model.model_path
     max_positions = _model_value(model_config, "max_position_embeddings")
     if max_positions is not None:
         total = data.max_prompt_length + data.max_response_length
@@ -248,25 +207,23 @@ def check_against_model(config: PPOConfig, model_config: Mapping[str, Any] | Non
             problems.append(
                 f"data.max_prompt_length + data.max_response_length = {data.max_prompt_length} + "
                 f"{data.max_response_length} = {total} exceeds the model's max_position_embeddings={max_positions} "
-                f"({model}); lower the length limits"
+                f"({model_path}); lower the length limits"
             )
         if rollout.max_model_len is not None and rollout.max_model_len > max_positions:
             problems.append(
                 f"worker.rollout.max_model_len={rollout.max_model_len} exceeds the model's max_position_embeddings="
-                f"{max_positions} ({model}); set max_model_len <= {max_positions} or null"
+                f"{max_positions} ({model_path}); set max_model_len <= {max_positions} or null"
             )
     heads = _model_value(model_config, "num_attention_heads")
     tp = rollout.tensor_parallel_size
     if _tensor_parallel(rollout.name) and heads is not None and tp >= 1 and heads % tp:
         problems.append(
             f"worker.rollout.tensor_parallel_size={tp} does not divide the model's num_attention_heads={heads} "
-            f"({model}); use a tensor_parallel_size that divides {heads}"
+            f"({model_path}); use a tensor_parallel_size that divides {heads}"
         )
-    if config.worker.actor.model.freeze_vision_tower and "vision_config" not in model_config:
+    if model.freeze_vision_tower and "vision_config" not in model_config:
         problems.append(
-            f"worker.actor.model.freeze_vision_tower=true but the model ({model}) has no vision tower; set it to false"
+            f"worker.actor.model.freeze_vision_tower=true but the model ({model_path}) has no vision tower; "
+            "set it to false"
         )
-    if len(problems) == 1:
-        raise ConfigError(problems[0])
-    if problems:
-        raise ConfigError("configuration does not fit the model:\n" + "\n".join(f"  - {p}" for p in problems))
+    return problems

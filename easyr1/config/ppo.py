@@ -1,24 +1,37 @@
-"""The whole configuration of a run: :class:`PPOConfig` (data, algorithm, worker, trainer) and its derived fields.
+"""The whole configuration of a run: :class:`PPOConfig` (data, algorithm, worker, trainer), its derived fields,
+and the two entry points of its checks (:meth:`PPOConfig.validate`, :func:`check_against_model`).
 
 Mirror fields (``worker.actor.kl_coef``, ``worker.rollout.prompt_length``, ...) are declared with
 :func:`~easyr1.config.fields.mirror` in their sections; :data:`MIRRORS` collects them, and
-:meth:`PPOConfig.fill_derived` copies each from its source.
+:meth:`PPOConfig.fill_derived` copies each from its source. Validation runs the checks that live beside each
+section's fields, then the cross-section ones of :mod:`easyr1.config.checks`, always in the same order.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from easyr1.config.actor import ActorConfig, CriticConfig, RefConfig, resolve_loss_aliases
-from easyr1.config.algorithm import AlgorithmConfig
-from easyr1.config.checks import validation_problems
-from easyr1.config.data import DataConfig
+from easyr1.config.actor import (
+    ACTOR_RANGES,
+    ActorConfig,
+    CriticConfig,
+    RefConfig,
+    check_fsdp_dtypes,
+    check_model_names,
+    resolve_loss_aliases,
+)
+from easyr1.config.algorithm import ALGORITHM_RANGES, AlgorithmConfig, check_algorithm_names, check_algorithm_pairs
+from easyr1.config.checks import check_sizes, model_problems, read_model_config
+from easyr1.config.data import DATA_RANGES, DataConfig, check_data_pairs
 from easyr1.config.fields import get_key, iter_fields, mirror_source, section, set_key
 from easyr1.config.paths import absolute, resolve_dataset, resolve_function, resolve_path
-from easyr1.config.reward import RewardConfig
-from easyr1.config.rollout import RolloutConfig
-from easyr1.config.trainer import TrainerConfig
+from easyr1.config.reward import REWARD_RANGES, RewardConfig, check_reward_function, check_reward_names
+from easyr1.config.rollout import ROLLOUT_RANGES, RolloutConfig, check_rollout_names, check_val_override
+from easyr1.config.rules import check_ranges, prefixed
+from easyr1.config.trainer import TRAINER_RANGES, TrainerConfig, check_trainer_names
 from easyr1.errors import ConfigError
 
 
@@ -99,3 +112,73 @@ class PPOConfig:
 MIRRORS: dict[str, str] = {
     key: mirror_source(item) for key, item, _ in iter_fields(PPOConfig) if mirror_source(item) is not None
 }
+
+
+# Every single-key rule by its full key. trainer.peak_flops_per_device keeps its place at the front of the
+# table (a repeated key keeps its first position), so problems are listed in the order they always were.
+_RANGES = {
+    "trainer.peak_flops_per_device": TRAINER_RANGES["peak_flops_per_device"],
+    **prefixed("data", DATA_RANGES),
+    **prefixed("algorithm", ALGORITHM_RANGES),
+    **prefixed("worker.actor", ACTOR_RANGES),
+    **prefixed("worker.rollout", ROLLOUT_RANGES),
+    **prefixed("worker.reward", REWARD_RANGES),
+    **prefixed("trainer", TRAINER_RANGES),
+}
+
+
+def validation_problems(config: PPOConfig, num_workers: int | None) -> list[str]:
+    """Every problem of the config, as messages naming the keys and values involved."""
+    if num_workers is not None and num_workers < 1:
+        raise ValueError(f"num_workers must be at least 1, got {num_workers}")
+    problems: list[str] = []
+    worker = config.worker
+    if worker.actor.model.model_path is None:
+        problems.append("worker.actor.model.model_path is not set; pass worker.actor.model.model_path=PATH_OR_HUB_ID")
+    check_reward_function(worker.reward, problems)
+    check_ranges(config, _RANGES, problems)
+    check_data_pairs(config.data, problems)
+    check_algorithm_pairs(config.algorithm, problems)
+    check_algorithm_names(config.algorithm, problems)
+    check_model_names(worker.actor, worker.ref, problems)
+    check_rollout_names(worker.rollout, problems)
+    fsdp_sections = [
+        ("worker.actor.fsdp", worker.actor.fsdp),
+        ("worker.ref.fsdp", worker.ref.fsdp),
+        ("worker.critic.fsdp", worker.critic.fsdp),
+    ]
+    check_fsdp_dtypes(fsdp_sections, problems)
+    check_reward_names(worker.reward, problems)
+    check_trainer_names(config.trainer, problems)
+    check_val_override(worker.rollout, problems)
+    check_sizes(
+        config.data,
+        config.algorithm,
+        worker.actor,
+        worker.critic,
+        worker.rollout,
+        config.trainer,
+        num_workers,
+        problems,
+    )
+    return problems
+
+
+def check_against_model(config: PPOConfig, model_config: Mapping[str, Any] | None = None) -> None:
+    """Check the config against the model's ``config.json``; no weights are read.
+
+    ``model_config`` is that file as a dict; when it is omitted, ``<model_path>/config.json`` is read if the model is
+    a local directory (a hub id is skipped: nothing can be checked before download). Raises :class:`ConfigError`
+    when the sequence lengths exceed ``max_position_embeddings``, when the tensor-parallel size does not divide the
+    attention heads, or when a vision setting is used with a text-only model.
+    """
+    model = config.worker.actor.model
+    if model_config is None:
+        model_config = read_model_config(model.model_path)
+        if model_config is None:
+            return
+    problems = model_problems(config.data, model, config.worker.rollout, model_config)
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigError("configuration does not fit the model:\n" + "\n".join(f"  - {p}" for p in problems))

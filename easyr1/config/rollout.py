@@ -21,7 +21,7 @@ from easyr1.config.rules import (
     POSITIVE_OR_NULL,
     one_of,
 )
-from easyr1.workers.rollout import ROLLOUT_ENGINES
+from easyr1.workers.rollout.engines import ROLLOUT_ENGINES
 
 
 @dataclass

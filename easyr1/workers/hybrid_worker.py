@@ -53,8 +53,8 @@ from easyr1.seeding import seed_everything
 from easyr1.workers.actor import Actor
 from easyr1.workers.critic import Critic, ValueModel
 from easyr1.workers.optim import build_optimizer
-from easyr1.workers.rollout import EngineSetup, build_rollout_engine, supports_tensor_parallel
 from easyr1.workers.rollout.base import RolloutEngine, SamplingSettings
+from easyr1.workers.rollout.engines import EngineSetup, build_rollout_engine, supports_tensor_parallel
 from easyr1.workers.rollout.vllm_rollout import cpu_kv_cache_bytes
 
 

@@ -1,4 +1,4 @@
-"""Rollout engines, chosen by name (``worker.rollout.name``) from :data:`ROLLOUT_ENGINES`.
+"""The registry of rollout engines, chosen by name (``worker.rollout.name``) from :data:`ROLLOUT_ENGINES`.
 
 Each engine registers a builder ``fn(EngineSetup) -> RolloutEngine`` and whether it can run one engine over a
 tensor-parallel group of workers. The builders import their engine's module only when called, so importing this
