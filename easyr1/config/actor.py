@@ -92,7 +92,9 @@ class FSDPConfig:
     )
     mp_reduce_dtype: str | None = option(None, "dtype of the gradient reduction (null: fp32)")
     mp_buffer_dtype: str = option(
-        "fp32", "dtype of the buffers: fp32 only (FSDP2 does not cast buffers; rotary inv_freq is computed in fp32)"
+        "fp32",
+        "dtype of the buffers: fp32 only (FSDP2 does not cast buffers; rotary inv_freq is computed in fp32)",
+        compatibility_only=True,
     )
     fsdp_size: int = option(-1, "workers per FSDP shard group (-1: all workers)")
 
@@ -122,7 +124,9 @@ class ActorConfig:
     loss_type: str = option("ppo", f"policy loss: {', '.join(POLICY_LOSSES.names())} ('default' is read as 'ppo')")
     loss_agg_mode: str = option("token-mean", f"how token losses are averaged: {', '.join(LOSS_AGGREGATIONS.names())}")
     loss_avg_mode: str | None = option(
-        None, "EasyR1's older name: 'token' sets loss_agg_mode=token-mean, 'seq' sets seq-mean-token-mean"
+        None,
+        "EasyR1's older name: 'token' sets loss_agg_mode=token-mean, 'seq' sets seq-mean-token-mean",
+        alias_for="worker.actor.loss_agg_mode",
     )
     ppo_epochs: int = option(1, "passes over each rollout batch")
     reuse_update_log_probs: bool = option(
@@ -140,7 +144,9 @@ class ActorConfig:
     dynamic_batching: bool = option(
         False, "micro-batches of near-equal token count, as many as micro_batch_size full-length rows would need"
     )
-    ulysses_size: int = option(1, "Ulysses sequence-parallel group size: only 1 (not implemented)")
+    ulysses_size: int = option(
+        1, "Ulysses sequence-parallel group size: only 1 (not implemented)", compatibility_only=True
+    )
     use_torch_compile: bool = option(False, "compile the log-prob computation with torch.compile")
     entropy_coeff: float = option(0.0, "weight of the entropy bonus in the policy loss")
     tau_positive: float = option(1.0, "SAPO gate temperature for tokens with a non-negative advantage")

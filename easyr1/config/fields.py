@@ -19,7 +19,7 @@ from dataclasses import field
 from typing import Any
 
 
-_HELP, _MIRROR, _COMPAT = "help", "mirror", "compatibility_only"
+_HELP, _MIRROR, _ALIAS, _COMPAT = "help", "mirror", "alias_for", "compatibility_only"
 
 
 def _field(default: Any, metadata: dict[str, Any]) -> Any:
@@ -29,12 +29,16 @@ def _field(default: Any, metadata: dict[str, Any]) -> Any:
     return field(default=default, metadata=metadata)
 
 
-def option(default: Any, doc: str, *, compatibility_only: bool = False) -> Any:
+def option(default: Any, doc: str, *, compatibility_only: bool = False, alias_for: str | None = None) -> Any:
     """A dataclass field with a default and a one-line help text.
 
     ``compatibility_only``: the key is accepted so that EasyR1 configs load, but has no effect here.
+    ``alias_for``: the key is an older name of that key; loading translates its value there and clears it.
     """
-    return _field(default, {_HELP: doc, _COMPAT: compatibility_only})
+    metadata: dict[str, Any] = {_HELP: doc, _COMPAT: compatibility_only}
+    if alias_for is not None:
+        metadata[_ALIAS] = alias_for
+    return _field(default, metadata)
 
 
 def section(cls: type, doc: str, *, compatibility_only: bool = False) -> Any:
@@ -55,6 +59,11 @@ def help_text(item: dataclasses.Field) -> str:
 def mirror_source(item: dataclasses.Field) -> str | None:
     """The key a mirror field is copied from; None for any other field."""
     return item.metadata.get(_MIRROR)
+
+
+def acts_through(item: dataclasses.Field) -> str | None:
+    """The key whose value a mirror or an alias field becomes (it acts when that key does); None for others."""
+    return item.metadata.get(_MIRROR) or item.metadata.get(_ALIAS)
 
 
 def is_compatibility_only(item: dataclasses.Field) -> bool:
