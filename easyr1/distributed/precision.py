@@ -9,7 +9,7 @@ Each ``fsdp`` section sets the policy with the keys ``torch_dtype`` (storage), `
 ``mp_reduce_dtype`` (gradient reduction); ``null`` means the device default above. Explicit values act on any
 device (FSDP2 mixed precision runs on gloo too). ``mp_buffer_dtype`` has no FSDP2 counterpart: FSDP2 does not
 shard or cast buffers, and the floating buffers of the supported models (rotary ``inv_freq``) are computed in
-fp32 whatever the weights' dtype, so the key accepts fp32 only (checked in ``config.py``).
+fp32 whatever the weights' dtype, so the key accepts fp32 only (checked in ``config/actor.py``).
 """
 
 from __future__ import annotations
