@@ -1,8 +1,8 @@
-"""Checks of the config that involve several sections: required keys, batch sizes against workers and
-micro-batches, parallel group sizes, lengths, and the checks against the model's ``config.json``.
+"""Checks of the config that involve several sections: batch sizes against workers and micro-batches, parallel
+group sizes, lengths (:func:`check_sizes`), and what must fit the model's ``config.json`` (:func:`model_problems`).
 
-The checks of single fields live beside the fields, in the section modules; :func:`validation_problems` runs
-them all in one fixed order, so a config with several problems lists them in that order.
+The checks of single fields live beside the fields, in the section modules;
+:func:`easyr1.config.ppo.validation_problems` runs them all, then these, in one fixed order.
 """
 
 from __future__ import annotations
