@@ -51,7 +51,11 @@ class ModelConfig:
 
     model_path: str | None = option(None, "model directory or hub id (required)")
     tokenizer_path: str | None = option(None, "tokenizer / processor directory (null: model_path)")
-    override_config: dict[str, Any] = option({}, "values that replace entries of the model's config.json")
+    override_config: dict[str, Any] = option(
+        {},
+        "values that replace entries of the model's config.json (actor, reference and rollout engines; a dict for a "
+        "nested config such as text_config updates it)",
+    )
     enable_gradient_checkpointing: bool = option(True, "recompute activations in the backward pass to save memory")
     trust_remote_code: bool = option(False, "allow model code shipped in the model directory")
     freeze_vision_tower: bool = option(False, "keep the vision encoder's weights fixed")
@@ -77,7 +81,11 @@ class OptimConfig:
 class FSDPConfig:
     """How a model is sharded with FSDP2."""
 
-    enable_full_shard: bool = option(True, "shard parameters, gradients and optimizer states (false: replicate)")
+    enable_full_shard: bool = option(
+        True,
+        "true: reshard each block's parameters after its forward; false: keep them gathered until its backward "
+        "(ZeRO-2); gradients and optimizer states are sharded either way",
+    )
     enable_cpu_offload: bool = option(
         False, "FSDP keeps parameters, gradients and optimizer states in host memory (a no-op on a CPU device)"
     )
@@ -96,7 +104,9 @@ class FSDPConfig:
         "dtype of the buffers: fp32 only (FSDP2 does not cast buffers; rotary inv_freq is computed in fp32)",
         compatibility_only=True,
     )
-    fsdp_size: int = option(-1, "workers per FSDP shard group (-1: all workers)")
+    fsdp_size: int = option(
+        -1, "workers per FSDP shard group: -1 or the world size only (hybrid sharding is not implemented)"
+    )
 
 
 @dataclass
@@ -113,7 +123,9 @@ class OffloadConfig:
 class ActorConfig:
     """The policy being trained."""
 
-    strategy: str = option("fsdp", f"training backend: {', '.join(STRATEGIES)}")
+    strategy: str = option(
+        "fsdp", f"training backend: {', '.join(STRATEGIES)} (the only one)", compatibility_only=True
+    )
     global_batch_size: int = option(256, "prompts per policy update; an update uses global_batch_size * n samples")
     micro_batch_size_per_device_for_update: int = option(4, "samples per forward/backward pass in the update")
     micro_batch_size_per_device_for_experience: int = option(16, "samples per forward pass computing log-probs")
@@ -165,7 +177,7 @@ class ActorConfig:
 class RefConfig:
     """The frozen reference policy; it loads worker.actor.model (same path, same settings)."""
 
-    strategy: str = option("fsdp", f"backend: {', '.join(STRATEGIES)}")
+    strategy: str = option("fsdp", f"backend: {', '.join(STRATEGIES)} (the only one)", compatibility_only=True)
     fsdp: FSDPConfig = section(FSDPConfig, "FSDP sharding of the reference model")
     offload: OffloadConfig = section(OffloadConfig, "CPU offloading of the reference model")
     micro_batch_size_per_device_for_experience: int = mirror(
@@ -182,7 +194,9 @@ class RefConfig:
 class CriticConfig:
     """The value model of PPO with GAE; built only when algorithm.adv_estimator=gae."""
 
-    strategy: str = option("fsdp", f"training backend: {', '.join(STRATEGIES)}")
+    strategy: str = option(
+        "fsdp", f"training backend: {', '.join(STRATEGIES)} (the only one)", compatibility_only=True
+    )
     global_batch_size: int | None = option(
         None, "prompts per critic update (null: worker.actor.global_batch_size); uses global_batch_size * n samples"
     )

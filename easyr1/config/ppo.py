@@ -148,6 +148,13 @@ def validation_problems(config: PPOConfig, num_workers: int | None) -> list[str]
         ("worker.critic.fsdp", worker.critic.fsdp),
     ]
     check_fsdp_dtypes(fsdp_sections, problems)
+    world = num_workers if num_workers is not None else config.trainer.nnodes * config.trainer.n_gpus_per_node
+    for key, fsdp in fsdp_sections:
+        if fsdp.fsdp_size not in (-1, world):
+            problems.append(
+                f"{key}.fsdp_size={fsdp.fsdp_size}: every model is sharded over all {world} workers (hybrid sharding "
+                f"over smaller groups is not implemented); set {key}.fsdp_size=-1 (or {world})"
+            )
     check_reward_names(worker.reward, problems)
     check_trainer_names(config.trainer, problems)
     check_val_override(worker.rollout, problems)

@@ -50,7 +50,7 @@ class RolloutConfig:
     max_model_len: int | None = option(None, "longest prompt + response the engine handles (null: from lengths)")
     max_num_batched_tokens: int = option(8192, "most tokens vLLM processes in one scheduler step")
     disable_log_stats: bool = option(True, "silence vLLM's periodic statistics")
-    disable_tqdm: bool = option(False, "hide the generation progress bar")
+    disable_tqdm: bool = option(False, "hide rank 0's generation progress bar")
     val_override_config: dict[str, Any] = option({}, "rollout keys changed for validation, e.g. {temperature: 0.6}")
     cpu_kv_cache_gb: float | None = option(
         None,

@@ -59,7 +59,11 @@ class TrainerConfig:
         "peak FLOP/s of one worker's device for perf/mfu (null: the GPU's data-sheet bf16 figure, or on CPU a "
         "matmul timing at the actor's compute dtype taken once per worker)",
     )
-    seed: int = option(1, "global seed of torch, numpy and python")
+    seed: int = option(
+        1,
+        "seed of python's, numpy's and torch's generators on the driver and every worker (sampling uses "
+        "worker.rollout.seed)",
+    )
     log_dir: str | None = option(None, "directory of the file logger (null: save_checkpoint_path)")
 
 
