@@ -21,7 +21,6 @@ from torch import nn
 from easyr1.algorithms import (
     PolicyLossParams,
     aggregate_loss,
-    count_normalizers,
     entropy_from_logits,
     get_policy_loss,
     kl_penalty,
@@ -30,7 +29,6 @@ from easyr1.algorithms import (
     rollout_correction_weights,
 )
 from easyr1.algorithms.logits import compile_allowed
-from easyr1.distributed.fsdp import full_tensor
 from easyr1.models.vision_tower import vision_keepalive
 from easyr1.protocol import Batch
 from easyr1.workers.packing import (
@@ -42,6 +40,7 @@ from easyr1.workers.packing import (
     token_budget_groups,
 )
 from easyr1.workers.placement import batch_to, to_host
+from easyr1.workers.ppo_update import MicroLoss, PPOUpdate
 
 
 logger = logging.getLogger(__name__)
@@ -241,32 +240,6 @@ def in_original_order(parts: list[tuple[list[int], torch.Tensor]]) -> torch.Tens
     return values[torch.argsort(indices)]
 
 
-def global_normalizers(mask: torch.Tensor, world_size: int) -> dict[str, float]:
-    """The loss normalisers of a mini-batch: valid tokens and sequences summed over every worker's share.
-
-    Passed to :func:`~easyr1.algorithms.aggregate_loss` with every micro-batch, they make the accumulated gradient
-    independent of the micro-batch size and of the number of workers.
-    """
-    counts = torch.tensor(count_normalizers(mask), dtype=torch.float64)
-    if dist.is_initialized():
-        dist.all_reduce(counts)
-    return {
-        "num_global_tokens": counts[0].item(),
-        "num_global_seqs": counts[1].item(),
-        "world_size": world_size,
-        "loss_scale_factor": float(mask.shape[-1]),
-    }
-
-
-def clipped_optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float) -> float:
-    """Clip the global gradient norm, step unless it is not finite, clear the gradients; returns the norm."""
-    grad_norm = full_tensor(nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)).item()
-    if torch.isfinite(torch.tensor(grad_norm)):
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return grad_norm
-
-
 class Actor:
     """A sharded causal LM plus (for the policy) its optimizer and LR schedule."""
 
@@ -333,15 +306,9 @@ class Actor:
 
         Needs ``old_log_probs``, ``advantages``, ``response_mask`` (and ``ref_log_probs`` with a KL loss).
         """
-        assert self.optimizer is not None, "the reference model has no optimizer"
-        world_size = dist.get_world_size() if dist.is_initialized() else 1
-        self.model.train()
-        totals: dict[str, list[float]] = defaultdict(list)
-        for _ in range(self.config.ppo_epochs):
-            for mini_batch in batch.split(mini_batch_size):
-                for key, value in self._update_on_mini_batch(mini_batch, temperature, world_size).items():
-                    totals[key].append(value)
-        return self._finish_update(totals)
+        micro_loss = self._micro_loss(temperature)
+        metrics = self._update_loop().run(batch, mini_batch_size, self.config.ppo_epochs, micro_loss)
+        return self._finish_update(metrics)
 
     def update_on_policy(
         self,
@@ -358,41 +325,47 @@ class Actor:
         as the driver computes them from a separate pass). Returns the metrics and the detached (B, R) log-probs,
         in the batch's row order, on the host.
         """
-        assert self.optimizer is not None, "the reference model has no optimizer"
         if "old_log_probs" in batch:
             raise ValueError("update_on_policy computes the old log-probs itself; the batch must not carry them")
-        world_size = dist.get_world_size() if dist.is_initialized() else 1
-        self.model.train()
         parts: list[tuple[list[int], torch.Tensor]] = []
         correction = (rollout_correction, rollout_correction_threshold) if rollout_correction else None
-        metrics = self._update_on_mini_batch(batch, temperature, world_size, correction, parts)
-        return self._finish_update({key: [value] for key, value in metrics.items()}), in_original_order(parts)
+        micro_loss = self._micro_loss(temperature, correction, parts)
+        metrics = self._update_loop().run(batch, len(batch), 1, micro_loss)
+        return self._finish_update(metrics), in_original_order(parts)
 
-    def _finish_update(self, totals: dict[str, list[float]]) -> dict[str, float]:
-        """Step the LR schedule (once per update call) and average the mini-batches' metrics."""
-        metrics = {key: sum(values) / len(values) for key, values in totals.items()}
+    def _update_loop(self) -> PPOUpdate:
+        assert self.optimizer is not None, "the reference model has no optimizer"
+        size = self.config.micro_batch_size_per_device_for_update
+        return PPOUpdate(
+            self.model,
+            self.optimizer,
+            self.config.max_grad_norm,
+            self.device,
+            lambda mini_batch: self._micro_batches(mini_batch, size),
+            "actor/grad_norm",
+        )
+
+    def _finish_update(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Step the LR schedule (once per update call) and report the rate the update used."""
         if self.lr_scheduler is not None:
             metrics["actor/lr"] = self.lr_scheduler.get_last_lr()[0]
             self.lr_scheduler.step()
         return metrics
 
-    def _update_on_mini_batch(
+    def _micro_loss(
         self,
-        mini_batch: Batch,
         temperature: float,
-        world_size: int,
         correction: tuple[str, float] | None = None,
         log_prob_parts: list[tuple[list[int], torch.Tensor]] | None = None,
-    ) -> dict[str, float]:
-        """Gradient accumulation over micro-batches, then one clipped optimizer step.
+    ) -> MicroLoss:
+        """A micro-batch's policy loss (plus the KL loss and the entropy bonus where configured) and its metrics.
 
         Given ``log_prob_parts`` the update is on-policy (only :meth:`update_on_policy` asks for it): each
         micro-batch's detached log-probs are its old ones, (with ``correction``, ``(mode, threshold)``) its
         rollout-correction weights are computed from them, and they are appended to ``log_prob_parts`` with their
-        row indices. Otherwise the mini-batch carries ``old_log_probs``.
+        row indices. Otherwise the micro-batch carries ``old_log_probs``.
         """
         config = self.config
-        norm = global_normalizers(mini_batch["response_mask"], world_size)
         loss_params = PolicyLossParams(
             clip_ratio_low=config.clip_ratio_low,
             clip_ratio_high=config.clip_ratio_high,
@@ -400,13 +373,12 @@ class Actor:
             tau_positive=config.tau_positive,
             tau_negative=config.tau_negative,
         )
-        sums: dict[str, float] = defaultdict(float)
-        # the loss is a sum over micro-batches normalised by global counts, so their grouping does not matter
-        for rows, micro in self._micro_batches(mini_batch, config.micro_batch_size_per_device_for_update):
-            micro = batch_to(micro, self.device)
+        on_policy = log_prob_parts is not None
+
+        def micro_loss(rows: list[int], micro: Batch, norm: dict[str, float], sums: dict[str, float]) -> torch.Tensor:
+            world_size = norm["world_size"]
             micro_mask = micro["response_mask"]
             log_probs, entropy = self._log_probs(micro, temperature, with_entropy=True)
-            on_policy = log_prob_parts is not None
             # on-policy: the policy has not changed since the rollout, so this forward's values are the old ones
             old_log_probs = log_probs.detach() if on_policy else micro["old_log_probs"]
             if on_policy:
@@ -432,7 +404,6 @@ class Actor:
             if config.entropy_coeff:
                 entropy_loss = aggregate_loss(entropy, micro_mask, config.loss_agg_mode, **norm)
                 loss = loss - config.entropy_coeff * entropy_loss
-            loss.backward()
             # Every metric is this worker's share of a global mean, scaled by the world size (like the losses), so
             # the driver's mean over workers is the exact mean over the whole mini-batch.
             sums["actor/pg_loss"] += pg_loss.item()
@@ -440,5 +411,6 @@ class Actor:
             sums["actor/entropy"] += masked_mean(entropy.detach(), micro_mask).item() * weight
             for key, value in policy_loss.metrics.items():
                 sums[f"actor/{key}"] += float(value) * weight
-        sums["actor/grad_norm"] = clipped_optimizer_step(self.model, self.optimizer, config.max_grad_norm)
-        return dict(sums)
+            return loss
+
+        return micro_loss

@@ -6,11 +6,9 @@ the position that predicts it), so values line up with the log-probs of the same
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from transformers import PreTrainedModel
 
@@ -18,8 +16,9 @@ from easyr1.algorithms import aggregate_loss
 from easyr1.algorithms.value_loss import compute_value_loss
 from easyr1.models.vision_tower import vision_keepalive
 from easyr1.protocol import Batch
-from easyr1.workers.actor import clipped_optimizer_step, forward_inputs, global_normalizers
+from easyr1.workers.actor import forward_inputs
 from easyr1.workers.placement import batch_to, to_host
+from easyr1.workers.ppo_update import PPOUpdate, consecutive_micro_batches
 
 
 class ValueModel(nn.Module):
@@ -84,27 +83,28 @@ class Critic:
     def update(self, batch: Batch, mini_batch_size: int) -> dict[str, float]:
         """PPO epochs of clipped value regression towards ``returns``; needs ``values`` (old) and ``returns``."""
         config = self.config
-        world_size = dist.get_world_size() if dist.is_initialized() else 1
-        self.model.train()
-        totals: dict[str, list[float]] = defaultdict(list)
-        for _ in range(config.ppo_epochs):
-            for mini_batch in batch.split(mini_batch_size):
-                norm = global_normalizers(mini_batch["response_mask"], world_size)
-                sums: dict[str, float] = defaultdict(float)
-                for micro in mini_batch.split(config.micro_batch_size_per_device_for_update):
-                    micro = batch_to(micro, self.device)
-                    micro_mask = micro["response_mask"]
-                    values = response_values(self.model, micro)
-                    loss_mat, metrics = compute_value_loss(
-                        values, micro["values"], micro["returns"], micro_mask, config.cliprange_value
-                    )
-                    loss = aggregate_loss(loss_mat, micro_mask, "token-mean", **norm)
-                    loss.backward()
-                    sums["critic/vf_loss"] += loss.item()
-                    weight = micro_mask.sum().item() / max(norm["num_global_tokens"] / world_size, 1.0)
-                    for key, value in metrics.items():
-                        sums[f"critic/{key}"] += value * weight
-                sums["critic/grad_norm"] = clipped_optimizer_step(self.model, self.optimizer, config.max_grad_norm)
-                for key, value in sums.items():
-                    totals[key].append(value)
-        return {key: sum(values) / len(values) for key, values in totals.items()}
+        loop = PPOUpdate(
+            self.model,
+            self.optimizer,
+            config.max_grad_norm,
+            self.device,
+            consecutive_micro_batches(config.micro_batch_size_per_device_for_update),
+            "critic/grad_norm",
+        )
+        return loop.run(batch, mini_batch_size, config.ppo_epochs, self._micro_loss)
+
+    def _micro_loss(
+        self, rows: list[int], micro: Batch, norm: dict[str, float], sums: dict[str, float]
+    ) -> torch.Tensor:
+        """A micro-batch's clipped value loss, with its share of the value metrics added to ``sums``."""
+        micro_mask = micro["response_mask"]
+        values = response_values(self.model, micro)
+        loss_mat, metrics = compute_value_loss(
+            values, micro["values"], micro["returns"], micro_mask, self.config.cliprange_value
+        )
+        loss = aggregate_loss(loss_mat, micro_mask, "token-mean", **norm)
+        sums["critic/vf_loss"] += loss.item()
+        weight = micro_mask.sum().item() / max(norm["num_global_tokens"] / norm["world_size"], 1.0)
+        for key, value in metrics.items():
+            sums[f"critic/{key}"] += value * weight
+        return loss
