@@ -1,8 +1,12 @@
-"""KL coefficient controllers (fixed and adaptive, Ziegler et al. 2019) against a plain-python reference."""
+"""KL coefficient controllers (fixed and adaptive, Ziegler et al. 2019) and the KL folded into the reward, against
+plain-python references."""
+
+import math
 
 import pytest
+import torch
 
-from easyr1.algorithms import AdaptiveKLController, FixedKLController, build_kl_controller
+from easyr1.algorithms import AdaptiveKLController, FixedKLController, build_kl_controller, kl_in_reward
 from easyr1.errors import ConfigError
 
 
@@ -73,3 +77,36 @@ def test_controller_settings_are_validated() -> None:
         FixedKLController(-1.0)
     with pytest.raises(ValueError, match="measured KL is nan"):
         AdaptiveKLController(0.001, 0.1, 100.0).update(float("nan"), 1)
+
+
+def kl_in_reward_reference(scores, old, ref, mask, coef, kind):
+    """Token by token in plain python: reward = score - coef * KL on response tokens; the mean per-response KL."""
+    rewards, per_response = [], []
+    for score_row, old_row, ref_row, mask_row in zip(scores, old, ref, mask):
+        row, total = [], 0.0
+        for score, p, q, m in zip(score_row, old_row, ref_row, mask_row):
+            if kind == "k1":
+                kl = p - q
+            else:  # k3: q/p - log(q/p) - 1 on the log-ratio log q - log p
+                kl = math.exp(q - p) - (q - p) - 1
+            kl *= m
+            total += kl
+            row.append(score - coef * kl)
+        rewards.append(row)
+        per_response.append(total / max(sum(mask_row), 1))
+    return rewards, sum(per_response) / len(per_response)
+
+
+@pytest.mark.parametrize("kind", ["k1", "k3"])
+def test_kl_in_reward_matches_a_hand_written_reference(kind: str) -> None:
+    scores = [[0.0, 0.0, 1.0, 0.0], [0.0, 0.5, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]
+    old = [[-1.0, -0.5, -2.0, -3.0], [-0.2, -1.5, -0.7, -0.1], [-0.3, -0.3, -0.3, -0.3]]
+    ref = [[-1.2, -0.4, -2.5, -0.1], [-0.2, -1.0, -0.9, -4.0], [-0.3, -0.3, -0.3, -0.3]]
+    mask = [[1, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0]]  # the last response is empty: its KL counts as 0
+    rewards, metrics = kl_in_reward(
+        torch.tensor(scores), torch.tensor(old), torch.tensor(ref), torch.tensor(mask, dtype=torch.float32), 0.1, kind
+    )
+    expected_rewards, expected_kl = kl_in_reward_reference(scores, old, ref, mask, 0.1, kind)
+    torch.testing.assert_close(rewards, torch.tensor(expected_rewards), rtol=0, atol=1e-6)
+    assert rewards[0, 3] == 0.0 and rewards[2].abs().sum() == 0  # nothing outside the response
+    assert metrics == {"reward_kl": pytest.approx(expected_kl, rel=1e-6), "kl_coef": 0.1}

@@ -29,7 +29,7 @@ from easyr1.algorithms.aggregation import (
     register_loss_aggregation,
 )
 from easyr1.algorithms.filtering import filter_groups
-from easyr1.algorithms.kl import KL_ESTIMATORS, kl_penalty, register_kl_estimator
+from easyr1.algorithms.kl import KL_ESTIMATORS, kl_in_reward, kl_penalty, register_kl_estimator
 from easyr1.algorithms.kl_controller import (
     KL_CONTROLLER_TYPES,
     KL_CONTROLLERS,
@@ -96,6 +96,7 @@ __all__ = [
     "filter_groups",
     "get_adv_estimator",
     "get_policy_loss",
+    "kl_in_reward",
     "kl_penalty",
     "log_probs_from_logits",
     "masked_mean",

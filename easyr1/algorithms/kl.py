@@ -91,3 +91,31 @@ def _kl_full(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tens
     # p * (log p - log q) with p == 0 must contribute 0 even where log q is -inf.
     terms = torch.where(probs > 0, probs * (log_probs - ref_log_probs), torch.zeros_like(probs))
     return terms.sum(dim=-1)
+
+
+def kl_in_reward(
+    token_level_scores: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    ref_log_probs: torch.Tensor,
+    response_mask: torch.Tensor,
+    kl_coef: float,
+    kind: str,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The reward with the KL to the reference folded in: ``scores - kl_coef * KL`` on every response token.
+
+    Args:
+        token_level_scores: (B, R) the reward function's scores (on each response's last valid token).
+        old_log_probs: (B, R) the rollout policy's log-probs of the sampled tokens.
+        ref_log_probs: (B, R) the reference policy's log-probs of the same tokens.
+        response_mask: (B, R) 1 on the response's tokens; the KL is 0 elsewhere.
+        kl_coef: the KL controller's current coefficient.
+        kind: the estimator (``algorithm.kl_penalty``), see :func:`kl_penalty`.
+
+    Returns:
+        (B, R) token-level rewards, and ``reward_kl`` (the per-token KL averaged over each response, then over
+        the batch: what an adaptive KL controller tracks) with ``kl_coef``.
+    """
+    kl = kl_penalty(old_log_probs, ref_log_probs, kind) * response_mask
+    rewards = token_level_scores - kl_coef * kl
+    sequence_kl = (kl.sum(-1) / response_mask.sum(-1).clamp(min=1)).mean().item()
+    return rewards, {"reward_kl": sequence_kl, "kl_coef": kl_coef}
