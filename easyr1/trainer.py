@@ -1,22 +1,19 @@
-"""The RL loop, readable top to bottom.
+"""The RL loop, readable top to bottom: ``fit`` -> ``train_step`` -> the step's helpers.
 
-One step: take a batch of prompts, repeat each ``n`` times, let the workers generate responses
-(vLLM or HF, with the actor's current weights), score them with the reward function (in a Ray actor,
-overlapping the next two calls), recompute the old log-probs (and the reference's), compute the
-advantages on the driver, update the policy on the workers, and log the metrics. When the batch feeds exactly one
-optimizer step the update's own forward gives the old log-probs (no separate pass; :mod:`easyr1.on_policy`).
+One step: the rollout stage (:mod:`easyr1.stages.rollout`) samples ``n`` responses per prompt on the workers and
+has them scored by the reward function (in a Ray actor, overlapping the next calls); the workers recompute the old
+log-probs (and the reference's, and the critic's values); the driver folds the KL into the reward where asked and
+computes the advantages; the workers update the critic and the policy; the driver logs the metrics. When the batch
+feeds exactly one optimizer step the update's own forward gives the old log-probs (no separate pass;
+:mod:`easyr1.on_policy`).
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
-import itertools
 import os
 import time
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +27,7 @@ from easyr1.algorithms import (
     build_kl_controller,
     compute_advantages,
     estimator_needs,
-    filter_groups,
-    kl_penalty,
+    kl_in_reward,
     masked_mean,
     rollout_correction_weights,
     rollout_mismatch_metrics,
@@ -49,57 +45,19 @@ from easyr1.errors import UserError
 from easyr1.logging import build_trackers
 from easyr1.logging.perf import memory_metrics
 from easyr1.logging.rollouts import write_rollouts
+from easyr1.logging.timing import timed
 from easyr1.models.loading import load_model_config, load_tokenizer_and_processor
 from easyr1.on_policy import reuses_update_log_probs
 from easyr1.protocol import Batch
+from easyr1.stages.rollout import SAMPLING_KEYS, SingleTurnRollout
 from easyr1.workers.actor import ACTOR_FIELDS
 from easyr1.workers.hybrid_worker import HybridWorker
-from easyr1.workers.reward import load_reward_function
+from easyr1.workers.reward import Rewards, load_reward_function
 from easyr1.workers.reward_actor import RewardActor
-from easyr1.workers.rollout.base import SamplingSettings
 
 
-SAMPLING_KEYS = {field.name for field in dataclasses.fields(SamplingSettings)}
 # Validation samples get their own seed stream, apart from training's generation rounds.
 VALIDATION_ROUND = 1_000_000
-# The per-sample python objects of a prompt (besides its tensors), as the dataset yields them.
-PROMPT_OBJECTS = ("raw_prompt_ids", "multi_modal_data", "multi_modal_inputs", "ground_truth")
-# The processed vision tensors of a prompt (what the actor's forward reads; the engine gets the images).
-VISION = "multi_modal_inputs"
-
-
-def prompts_of(batch: Batch) -> Batch:
-    """The prompt part of a rollout batch, as the dataloader produced it (responses stripped)."""
-    prompt_length = batch["prompts"].shape[1]
-    return Batch(
-        tensors={
-            "input_ids": batch["prompts"],
-            "attention_mask": batch["attention_mask"][:, :prompt_length],
-            "position_ids": batch["position_ids"][..., :prompt_length],
-        },
-        non_tensors={key: batch[key] for key in PROMPT_OBJECTS if key in batch},
-    )
-
-
-def prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:
-    """``{"a": 1}`` -> ``{"prefix/a": 1}``."""
-    return {f"{prefix}/{key}": value for key, value in metrics.items()}
-
-
-@contextmanager
-def timed(timings: dict[str, float], name: str) -> Iterator[None]:
-    """Add the wall time of the block to ``timings[name]``."""
-    start = time.perf_counter()
-    yield
-    timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
-
-
-def place_scores_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """(B,) sequence scores -> (B, R) token rewards with the score on each response's last valid token."""
-    token_rewards = torch.zeros(response_mask.shape, dtype=torch.float32)
-    last = (response_mask.sum(dim=-1) - 1).clamp(min=0)
-    token_rewards[torch.arange(len(scores)), last] = scores.float()
-    return token_rewards
 
 
 class Trainer:
@@ -154,7 +112,6 @@ class Trainer:
         for leftover in self.checkpoints.remove_leftovers():
             print(f"easyr1: removed {leftover}, a checkpoint write that was interrupted", flush=True)
         self.global_step = int(resumed_state.get("global_step", 0))
-        self.samples_generated = 0
         self.log_dir = Path(config.trainer.log_dir)
         self.trackers = build_trackers(
             list(config.trainer.logger),
@@ -203,6 +160,8 @@ class Trainer:
         self.kl_controller = build_kl_controller(
             algorithm.kl_type, algorithm.kl_coef, algorithm.kl_target, algorithm.kl_horizon
         )
+        # the stage train_step drives (RolloutStage.collect); validation also uses its generate and score
+        self.rollout = SingleTurnRollout(config, self.workers, self.reward_actor, self.prompts, self.tokenizer)
         if self.resume_from:
             self._load_checkpoint(self.resume_from, resumed_state)
 
@@ -250,62 +209,47 @@ class Trainer:
         self._close_trackers()
         return history
 
-    def _close_trackers(self) -> None:
-        for tracker in self.trackers:
-            tracker.close()
+    def train_step(self, prompts: Batch, step: int) -> dict[str, float]:
+        """One RL step on one batch of prompts; returns its metrics."""
+        step_start = time.perf_counter()
+        self.workers.open_step()  # each sample's heavy fields go to a worker once per step, and are reused there
 
-    # ------------------------------------------------------------------------------------------- validation
-    def validate(self) -> dict[str, float]:
-        """Generate for the whole validation set with ``worker.rollout.val_override_config``, score it, and return
-        ``val/`` metrics (reward and sub-scores, response lengths); logs the first ``val_generations_to_log``."""
-        overrides = dict(self.config.worker.rollout.val_override_config)
-        n = int(overrides.pop("n", 1))
-        # engine settings (memory, ...) are fixed at start-up; only the sampling ones can change per call
-        sampling = self._sampling_settings({key: value for key, value in overrides.items() if key in SAMPLING_KEYS})
-        size = self.config.data.val_batch_size
-        size = len(self.val_dataset) if size == -1 else size
-        scores, sub_scores, lengths, shown = [], defaultdict(list), [], []
-        for start in tqdm(range(0, len(self.val_dataset), size), desc="validate", leave=False, disable=None):
-            rows = range(start, min(start + size, len(self.val_dataset)))
-            prompts = collate_fn([self.val_dataset[i] for i in rows])
-            batch = self._generate(prompts, self.global_step, VALIDATION_ROUND + start, sampling, n=n)
-            batch_scores, batch_sub_scores = self._resolve_reward(
-                self.reward_actor.score.remote(self._reward_inputs(batch))
+        # 1. Rollout: n scored samples per prompt (DAPO: informative groups only; ReMax: with greedy baselines). The
+        #    rewards may still be computing in the reward actor while the workers go on.
+        rollout = self.rollout.collect(prompts, step)
+        batch, metrics, timings = rollout.batch, dict(rollout.metrics), dict(rollout.timings)
+
+        # 2. Old log-probs, and the reference's and the critic's where the algorithm needs them, on a batch reordered
+        #    so that every worker's share holds a similar number of tokens.
+        batch, order = self._balanced(batch)
+        on_policy = reuses_update_log_probs(self.config, len(batch), self.workers.num_workers, step)
+        batch = self._compute_experience(batch, on_policy, timings)
+        if not on_policy:
+            metrics.update(self._old_policy_metrics(batch))
+
+        # 3. Rewards: the score on the last response token, minus the KL to the reference when it is in the reward.
+        with timed(timings, "reward"):
+            rewards = rollout.rewards.result()
+        if order is not None:  # the reward was computed in generation order
+            rewards = rewards.index(order)
+        metrics.update(self._token_level_rewards(batch, rewards))
+
+        # 4. Advantages (pure functions on the driver).
+        with timed(timings, "adv"):
+            batch["advantages"], batch["returns"] = self._advantages(batch)
+
+        # 5. Updates: the critic first (PPO), then the policy once the critic has warmed up.
+        batch, worker_metrics = self._update(batch, step, on_policy, timings, metrics)
+        timings["step"] = time.perf_counter() - step_start
+        metrics.update(self.workers.finish_step())
+        trainer = self.config.trainer
+        if trainer.rollouts_to_log > 0 and (step == 1 or step % max(trainer.rollout_log_freq, 1) == 0):
+            write_rollouts(
+                self.log_dir, step, batch, rewards.scores, rewards.sub_scores, self.tokenizer, trainer.rollouts_to_log
             )
-            scores.append(batch_scores)
-            for key, values in batch_sub_scores.items():
-                sub_scores[key] += list(values)
-            lengths.append(batch["response_mask"].sum(dim=-1).float())
-            keep = self.config.trainer.val_generations_to_log - len(shown)
-            shown += self._generation_records(batch, batch_scores)[: max(keep, 0)]
-        all_scores, all_lengths = torch.cat(scores), torch.cat(lengths)
-        metrics = {
-            "val/reward_score": all_scores.mean().item(),
-            "val/response_length/mean": all_lengths.mean().item(),
-            "val/response_length/clip_ratio": (all_lengths >= sampling["max_tokens"]).float().mean().item(),
-        }
-        for key, values in sub_scores.items():
-            if key != "overall":
-                metrics[f"val/{key}"] = float(np.mean(values))
-        for tracker in self.trackers:
-            log_generations = getattr(tracker, "log_generations", None)
-            if log_generations is not None:
-                log_generations(shown, self.global_step)
-        return metrics
+        return {**self._step_metrics(batch, rewards, worker_metrics, timings), **metrics}
 
-    def _generation_records(self, batch: Batch, scores: torch.Tensor) -> list[dict[str, Any]]:
-        """Prompt, response, answer and score of each sample, as text."""
-        lengths = batch["response_mask"].sum(dim=-1).tolist()
-        return [
-            {
-                "prompt": self.tokenizer.decode(batch["raw_prompt_ids"][i], skip_special_tokens=False),
-                "response": self.tokenizer.decode(batch["responses"][i, : lengths[i]].tolist()),
-                "ground_truth": batch["ground_truth"][i],
-                "score": float(scores[i]),
-            }
-            for i in range(len(batch))
-        ]
-
+    # ------------------------------------------------------------------------------------------- step helpers
     def _step_prompts(self) -> Batch:
         """The prompts a step starts from: a full rollout batch, or with online filtering one generation round
         (further rounds follow only while too few groups are informative)."""
@@ -314,141 +258,30 @@ class Trainer:
         rounds = self.config.data.rollout_batch_size // self.round_size
         return Batch.concat([self.prompts.next() for _ in range(rounds)])
 
-    # ------------------------------------------------------------------------------------------- checkpoints
-    def save_checkpoint(self, val_score: float | None = None) -> Path:
-        """Write the full training state of ``global_step`` and commit it atomically; returns its directory."""
-        staging = self.checkpoints.staging_dir(self.global_step)
-        self.workers.run_all("save_checkpoint", str(staging), self.config.trainer.save_model_only)
-        driver_state = {
-            "global_step": self.global_step,
-            "prompts": self.prompts.state_dict(),
-            "kl_controller": self.kl_controller.state_dict(),
-            "rng": rng_state(),
-        }
-        save_durably(driver_state, staging / TRAINER_STATE_NAME)
-        (staging / "config.yaml").write_text(to_yaml(self.config), encoding="utf-8")
-        return self.checkpoints.commit(self.global_step, staging, val_score)
+    def _balanced(self, batch: Batch) -> tuple[Batch, list[int] | None]:
+        """With ``trainer.balance_batch``, the batch reordered so that every worker's share holds a similar number
+        of tokens, and the order (``None`` when unchanged)."""
+        if not (self.config.trainer.balance_batch and self.workers.num_workers > 1):
+            return batch, None
+        # whole prompt groups where they divide evenly: a prompt's vision tensors then go to one worker only
+        token_counts = batch["attention_mask"].sum(dim=-1).tolist()
+        order = balanced_order(token_counts, self.workers.num_workers, groups=batch["uid"])
+        return batch.index(order), order
 
-    def _load_checkpoint(self, step_dir: Path, driver_state: dict[str, Any]) -> None:
-        """Restore the workers' models and optimizers and the driver's data position, KL controller and RNGs."""
-        self.workers.run_all("load_checkpoint", str(step_dir))
-        self.prompts.load_state_dict(driver_state["prompts"])
-        self.kl_controller.load_state_dict(driver_state["kl_controller"])
-        set_rng_state(driver_state["rng"])
-        print(f"easyr1: resumed from {step_dir} (step {self.global_step} of {self.total_steps})", flush=True)
-
-    def shutdown(self) -> None:
-        """Stop the workers and the reward actor (the Ray cluster itself stays up)."""
-        self.workers.shutdown()
-        ray.kill(self.reward_actor)
-
-    def train_step(self, prompts: Batch, step: int) -> dict[str, float]:
-        """One RL step on one batch of prompts; returns its metrics."""
-        config = self.config
-        rollout, algorithm = config.worker.rollout, config.algorithm
-        timings: dict[str, float] = {}
-        metrics: dict[str, float] = {}
-        step_start = time.perf_counter()
-        self.workers.open_step()  # each sample's heavy fields go to a worker once per step, and are reused there
-
-        # 1. Rollout: n samples per prompt. The reward is computed in a Ray actor while the workers go on;
-        #    DAPO's online filtering needs it at once to drop uninformative groups and generate more.
-        with timed(timings, "gen"):
-            batch = self._generate(prompts, step, attempt=0)
-        reward = self.reward_actor.score.remote(self._reward_inputs(batch))
-        if algorithm.online_filtering:
-            with timed(timings, "filter"):
-                batch, reward = self._fill_with_informative_groups(batch, reward, step, metrics)
-        if self.needs.greedy_baseline:
-            with timed(timings, "gen_baseline"):
-                batch["reward_baselines"] = self._greedy_baseline_scores(batch, step)
-
-        # 2. Old log-probs, and the reference's and the critic's where the algorithm needs them; the samples are first
-        #    reordered so that every worker's share holds a similar number of tokens. When the batch feeds exactly
-        #    one optimizer step, the update's own forward gives the old log-probs instead (easyr1/on_policy.py).
-        order = None
-        if config.trainer.balance_batch and self.workers.num_workers > 1:
-            # whole prompt groups where they divide evenly: a prompt's vision tensors then go to one worker only
-            token_counts = batch["attention_mask"].sum(dim=-1).tolist()
-            order = balanced_order(token_counts, self.workers.num_workers, groups=batch["uid"])
-            batch = batch.index(order)
-        on_policy = reuses_update_log_probs(config, len(batch), self.workers.num_workers, step)
+    def _compute_experience(self, batch: Batch, on_policy: bool, timings: dict[str, float]) -> Batch:
+        """The no-grad passes the step needs (old log-probs unless ``on_policy``, the reference's unless
+        ``disable_kl``, the critic's values for PPO), in one call so that the batch travels to the workers once."""
         needed = {"old": not on_policy, "ref": self.uses_reference, "values": self.uses_critic}
         passes = [name for name, need in needed.items() if need]
-        if passes:  # one call for all of them: the batch travels to the workers once
-            with timed(timings, "experience"):
-                experience = self.workers.run_split(
-                    "compute_experience", batch.select(*ACTOR_FIELDS), rollout.temperature, passes
-                )
-            # timing/old, /ref, /values: each pass on the first worker; timing/experience: the call, transfers included
-            timings.update(experience.meta.pop("experience_seconds"))
-            batch = batch.union(experience)
-        mask = batch["response_mask"]
-        if not on_policy:
-            metrics.update(self._old_policy_metrics(batch))
-
-        # 3. Rewards: the score on the last response token, minus the KL to the reference when it is in the reward.
-        with timed(timings, "reward"):
-            scores, sub_scores = self._resolve_reward(reward)
-        if order is not None:  # the reward was computed in generation order
-            scores, sub_scores = scores[order], {key: [values[i] for i in order] for key, values in sub_scores.items()}
-        batch["token_level_scores"] = place_scores_on_last_token(scores, mask)
-        batch["token_level_rewards"] = batch["token_level_scores"]
-        if self.uses_reference and not algorithm.use_kl_loss:
-            kl = kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], algorithm.kl_penalty) * mask
-            batch["token_level_rewards"] = batch["token_level_scores"] - self.kl_controller.value * kl
-            sequence_kl = (kl.sum(-1) / mask.sum(-1).clamp(min=1)).mean().item()
-            metrics.update({"actor/reward_kl": sequence_kl, "actor/kl_coef": self.kl_controller.value})
-            self.kl_controller.update(sequence_kl, n_steps=len(batch))
-
-        # 4. Advantages (pure functions on the driver).
-        with timed(timings, "adv"):
-            advantages, returns = compute_advantages(
-                algorithm.adv_estimator,
-                token_level_rewards=batch["token_level_rewards"],
-                response_mask=mask,
-                index=batch["uid"],
-                gamma=algorithm.gamma,
-                lam=algorithm.lam,
-                norm_adv_by_std=algorithm.norm_adv_by_std,
-                **{key: batch[key] for key in ("values", "reward_baselines") if key in batch},
+        if not passes:
+            return batch
+        with timed(timings, "experience"):
+            experience = self.workers.run_split(
+                "compute_experience", batch.select(*ACTOR_FIELDS), self.config.worker.rollout.temperature, passes
             )
-        batch["advantages"], batch["returns"] = advantages, returns
-
-        # 5. Updates: the critic first (PPO), then the policy once the critic has warmed up. Each worker takes its
-        #    share in mini-batches of global_batch_size prompts, one optimizer step each.
-        n, num_workers = rollout.n, self.workers.num_workers
-        worker_metrics: list[dict[str, float]] = []
-        if self.uses_critic:
-            critic_view = batch.select(*ACTOR_FIELDS, "values", "returns")
-            critic_mini_batch = config.worker.critic.global_batch_size * n // num_workers
-            with timed(timings, "update_critic"):
-                worker_metrics += self.workers.run_split("update_critic", critic_view, critic_mini_batch)
-        mini_batch_size = config.worker.actor.global_batch_size * n // num_workers
-        if on_policy:  # the update returns the old log-probs of its own forward; the rollout metrics follow
-            update_fields = [*ACTOR_FIELDS, "advantages"]
-            update_fields += [key for key in ("ref_log_probs",) if key in batch]
-            update_fields += ["rollout_log_probs"] if algorithm.rollout_correction else []
-            with timed(timings, "update"):
-                results = self.workers.run_split(
-                    "update_actor_on_policy", batch.select(*update_fields), rollout.temperature, mini_batch_size
-                )
-            worker_metrics += [worker for worker, _ in results]
-            batch = batch.union(Batch.concat([log_probs for _, log_probs in results]))
-            metrics.update(self._old_policy_metrics(batch))
-        elif step > config.trainer.critic_warmup:
-            update_fields = [*ACTOR_FIELDS, "old_log_probs", "advantages"]
-            update_fields += [key for key in ("ref_log_probs", "rollout_is_weights") if key in batch]
-            with timed(timings, "update"):
-                worker_metrics += self.workers.run_split(
-                    "update_actor", batch.select(*update_fields), rollout.temperature, mini_batch_size
-                )
-        timings["step"] = time.perf_counter() - step_start
-        metrics.update(self.workers.finish_step())
-        trainer = config.trainer
-        if trainer.rollouts_to_log > 0 and (step == 1 or step % max(trainer.rollout_log_freq, 1) == 0):
-            write_rollouts(self.log_dir, step, batch, scores, sub_scores, self.tokenizer, trainer.rollouts_to_log)
-        return {**self._step_metrics(batch, scores, sub_scores, worker_metrics, timings), **metrics}
+        # timing/old, /ref, /values: each pass on the first worker; timing/experience: the call, transfers included
+        timings.update(experience.meta.pop("experience_seconds"))
+        return batch.union(experience)
 
     def _old_policy_metrics(self, batch: Batch) -> dict[str, float]:
         """The rollout-vs-trainer ``rollout/`` metrics from the old log-probs; with ``algorithm.rollout_correction``
@@ -468,134 +301,87 @@ class Trainer:
         batch["rollout_is_weights"] = weights
         return prefixed("rollout", correction_metrics)
 
-    # ------------------------------------------------------------------------------------------- rollouts
-    def _generate(
-        self,
-        prompts: Batch,
-        step: int,
-        attempt: int,
-        sampling: dict[str, Any] | None = None,
-        n: int | None = None,
-    ) -> Batch:
-        """``n`` samples per prompt (default: ``worker.rollout.n``, or 1 with explicit ``sampling``), each with its
-        own reproducible seed. Any number of prompts: rows are repeated up to a multiple of the worker count for the
-        engines and the extra samples dropped."""
-        n = n if n is not None else (self.config.worker.rollout.n if sampling is None else 1)
-        prompts["uid"] = np.array([f"{step}-{attempt}-{i}" for i in range(len(prompts))], dtype=object)
-        batch = prompts.repeat(n, interleave=True)
-        # Seeds depend on (rollout.seed, step, attempt, sample) only, so a resumed step replays exactly.
-        base = ((self.config.worker.rollout.seed * 1_000_003 + step) * 1_009 + attempt) * len(batch)
-        batch["sample_seed"] = torch.arange(len(batch)) + base
-        # the key of each sample in the workers' per-step cache: never reused, so unique within any step
-        batch["sample_id"] = torch.arange(len(batch)) + self.samples_generated
-        self.samples_generated += len(batch)
-        size, workers = len(batch), self.workers.num_workers
-        if size % workers:
-            batch = Batch.concat([batch, batch.index(list(range(workers - size % workers)))])
-        # vLLM reads the images, not the processed vision tensors: with the sample cache on, those travel once, to
-        # the rank that computes the sample's log-probs after balancing
-        held_back = None
-        if self.config.trainer.cache_sample_tensors and self.config.worker.rollout.name != "hf" and VISION in batch:
-            held_back = batch.pop(VISION)[VISION]
-        output = self.workers.run_split("generate", batch, sampling or self._sampling_settings())
-        if held_back is not None:
-            output[VISION] = held_back
-        return output.index(slice(0, size)) if len(output) != size else output
-
-    def _fill_with_informative_groups(
-        self, batch: Batch, reward: ray.ObjectRef, step: int, metrics: dict[str, float]
-    ) -> tuple[Batch, tuple[torch.Tensor, dict[str, list[float]]]]:
-        """DAPO dynamic sampling: keep groups whose mean score is strictly inside (filter_low, filter_high) and
-        generate from further prompts until ``rollout_batch_size`` groups are kept."""
-        algorithm, target = self.config.algorithm, self.config.data.rollout_batch_size * self.config.worker.rollout.n
-        kept_batches, kept_sub_scores, generated = [], [], 0
-        limit = self.config.trainer.max_try_make_batch
-        attempts = itertools.count() if limit == -1 else range(limit)  # -1: no limit
-        rounds = tqdm(attempts, desc="rollout rounds", leave=False, disable=None)
-        for attempt in rounds:
-            if attempt:
-                batch = self._generate(self.prompts.next(), step, attempt)
-                reward = self.reward_actor.score.remote(self._reward_inputs(batch))
-            scores, sub_scores = self._resolve_reward(reward)
-            generated += len(batch)
-            keep = filter_groups(
-                sub_scores, batch["uid"], algorithm.filter_key, algorithm.filter_low, algorithm.filter_high
-            )
-            kept_batches.append(batch.index(keep))
-            kept_sub_scores.append({key: [values[i] for i in keep.tolist()] for key, values in sub_scores.items()})
-            rounds.set_postfix(kept=f"{sum(len(kept) for kept in kept_batches)}/{target}")
-            if sum(len(kept) for kept in kept_batches) >= target:
-                break
-        else:
-            kept = sum(len(kept) for kept in kept_batches)
-            raise UserError(
-                f"online filtering kept {kept} of the {target} samples a step needs after "
-                f"trainer.max_try_make_batch={self.config.trainer.max_try_make_batch} rounds of generation: too few "
-                f"groups have a mean {algorithm.filter_key!r} score inside (algorithm.filter_low="
-                f"{algorithm.filter_low}, algorithm.filter_high={algorithm.filter_high}). Raise max_try_make_batch, "
-                "widen the filter, or use easier data"
-            )
-        merged = Batch.concat(kept_batches).index(slice(0, target))  # groups are whole: target is a multiple of n
-        sub_scores = {key: sum((part[key] for part in kept_sub_scores), [])[:target] for key in kept_sub_scores[0]}
-        metrics.update({"filter/rounds": attempt + 1, "filter/kept_ratio": target / generated})
-        return merged, (torch.tensor(sub_scores["overall"], dtype=torch.float32), sub_scores)
-
-    def _greedy_baseline_scores(self, batch: Batch, step: int) -> torch.Tensor:
-        """ReMax's baseline: the score of one greedy response per prompt, repeated over the prompt's group."""
-        n = self.config.worker.rollout.n
-        prompts = prompts_of(batch.index(list(range(0, len(batch), n))))
-        greedy = self._generate(prompts, step, attempt=999, sampling=self._sampling_settings({"greedy": True}))
-        scores, _ = self._resolve_reward(self.reward_actor.score.remote(self._reward_inputs(greedy)))
-        return scores.repeat_interleave(n)
-
-    # -------------------------------------------------------------------------------------------- helpers
-    def _sampling_settings(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-        rollout = self.config.worker.rollout
-        settings = {
-            "temperature": rollout.temperature,
-            "top_p": rollout.top_p,
-            "top_k": rollout.top_k,
-            "max_tokens": self.config.data.max_response_length,
-            "ignore_eos": rollout.ignore_eos,
-        }
-        settings.update(overrides or {})
-        if settings["temperature"] == 0:  # EasyR1's way of asking for greedy decoding
-            settings["greedy"], settings["temperature"] = True, 1.0
-        return settings
-
-    def _reward_inputs(self, batch: Batch) -> list[dict[str, Any]]:
-        """What a reward function sees per sample (EasyR1's keys)."""
-        responses = batch["responses"]
-        lengths = batch["response_mask"].sum(dim=-1)
-        texts = self.tokenizer.batch_decode(
-            [ids[:length].tolist() for ids, length in zip(responses, lengths)],
-            skip_special_tokens=self.config.worker.reward.skip_special_tokens,
+    def _token_level_rewards(self, batch: Batch, rewards: Rewards) -> dict[str, float]:
+        """Set ``token_level_scores`` (each score on its response's last valid token) and ``token_level_rewards``
+        (minus the KL to the reference when it is in the reward, whose controller then updates); returns the KL
+        metrics."""
+        algorithm, mask = self.config.algorithm, batch["response_mask"]
+        batch["token_level_scores"] = place_scores_on_last_token(rewards.scores, mask)
+        batch["token_level_rewards"] = batch["token_level_scores"]
+        if not self.uses_reference or algorithm.use_kl_loss:
+            return {}
+        batch["token_level_rewards"], kl_metrics = kl_in_reward(
+            batch["token_level_scores"],
+            batch["old_log_probs"],
+            batch["ref_log_probs"],
+            mask,
+            self.kl_controller.value,
+            algorithm.kl_penalty,
         )
-        return [
-            {"response": text, "response_length": int(length), "ground_truth": truth}
-            for text, length, truth in zip(texts, lengths.tolist(), batch["ground_truth"])
-        ]
+        self.kl_controller.update(kl_metrics["reward_kl"], n_steps=len(batch))
+        return prefixed("actor", kl_metrics)
 
-    @staticmethod
-    def _resolve_reward(reward: Any) -> tuple[torch.Tensor, dict[str, list[float]]]:
-        """Scores from the reward actor (or already resolved), with a user error in the reward file re-raised as is."""
-        if isinstance(reward, tuple):
-            return reward
-        try:
-            return ray.get(reward)
-        except ray.exceptions.RayTaskError as error:
-            if isinstance(error.cause, UserError):
-                raise error.cause from None
-            raise
+    def _advantages(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Advantages and returns by ``algorithm.adv_estimator``, each estimator taking the inputs it names."""
+        algorithm = self.config.algorithm
+        return compute_advantages(
+            algorithm.adv_estimator,
+            token_level_rewards=batch["token_level_rewards"],
+            response_mask=batch["response_mask"],
+            index=batch["uid"],
+            gamma=algorithm.gamma,
+            lam=algorithm.lam,
+            norm_adv_by_std=algorithm.norm_adv_by_std,
+            **{key: batch[key] for key in ("values", "reward_baselines") if key in batch},
+        )
+
+    def _update(
+        self, batch: Batch, step: int, on_policy: bool, timings: dict[str, float], metrics: dict[str, float]
+    ) -> tuple[Batch, list[dict[str, float]]]:
+        """The critic's update (PPO), then the policy's once ``trainer.critic_warmup`` steps have passed; each worker
+        takes its share in mini-batches of ``global_batch_size`` prompts, one optimizer step each. On-policy, the
+        update returns the old log-probs of its own forward, which join the batch with their ``rollout/`` metrics.
+        Returns the batch and each worker's metrics."""
+        config, algorithm = self.config, self.config.algorithm
+        n, num_workers = config.worker.rollout.n, self.workers.num_workers
+        temperature = config.worker.rollout.temperature
+        worker_metrics: list[dict[str, float]] = []
+        if self.uses_critic:
+            critic_view = batch.select(*ACTOR_FIELDS, "values", "returns")
+            critic_mini_batch = config.worker.critic.global_batch_size * n // num_workers
+            with timed(timings, "update_critic"):
+                worker_metrics += self.workers.run_split("update_critic", critic_view, critic_mini_batch)
+        mini_batch_size = config.worker.actor.global_batch_size * n // num_workers
+        if on_policy:
+            update_fields = [*ACTOR_FIELDS, "advantages"]
+            update_fields += [key for key in ("ref_log_probs",) if key in batch]
+            update_fields += ["rollout_log_probs"] if algorithm.rollout_correction else []
+            with timed(timings, "update"):
+                results = self.workers.run_split(
+                    "update_actor_on_policy", batch.select(*update_fields), temperature, mini_batch_size
+                )
+            worker_metrics += [worker for worker, _ in results]
+            batch = batch.union(Batch.concat([log_probs for _, log_probs in results]))
+            metrics.update(self._old_policy_metrics(batch))
+        elif step > config.trainer.critic_warmup:
+            update_fields = [*ACTOR_FIELDS, "old_log_probs", "advantages"]
+            update_fields += [key for key in ("ref_log_probs", "rollout_is_weights") if key in batch]
+            with timed(timings, "update"):
+                worker_metrics += self.workers.run_split(
+                    "update_actor", batch.select(*update_fields), temperature, mini_batch_size
+                )
+        return batch, worker_metrics
 
     def _step_metrics(
         self,
         batch: Batch,
-        scores: torch.Tensor,
-        sub_scores: dict[str, list[float]],
+        rewards: Rewards,
         worker_metrics: list[dict[str, float]],
         timings: dict[str, float],
     ) -> dict[str, float]:
+        """The step's logged metrics: batch, reward, length and advantage statistics, the workers' metrics
+        averaged, timings and throughput."""
+        scores, sub_scores = rewards.scores, rewards.sub_scores
         mask = batch["response_mask"].bool()
         lengths = mask.sum(dim=-1).float()
         prompt_lengths = batch["attention_mask"][:, : batch["prompts"].shape[1]].sum(dim=-1).float()
@@ -633,3 +419,99 @@ class Trainer:
         metrics["throughput/tokens_per_second"] = total_tokens / max(timings["step"], 1e-9)
         metrics["perf/driver_max_host_memory_gb"] = memory_metrics()["perf/max_host_memory_gb"]
         return metrics
+
+    # ------------------------------------------------------------------------------------------- validation
+    def validate(self) -> dict[str, float]:
+        """Generate for the whole validation set with ``worker.rollout.val_override_config``, score it, and return
+        ``val/`` metrics (reward and sub-scores, response lengths); logs the first ``val_generations_to_log``."""
+        overrides = dict(self.config.worker.rollout.val_override_config)
+        n = int(overrides.pop("n", 1))
+        # engine settings (memory, ...) are fixed at start-up; only the sampling ones can change per call
+        sampling = self.rollout.sampling({key: value for key, value in overrides.items() if key in SAMPLING_KEYS})
+        size = self.config.data.val_batch_size
+        size = len(self.val_dataset) if size == -1 else size
+        scores, sub_scores, lengths, shown = [], defaultdict(list), [], []
+        for start in tqdm(range(0, len(self.val_dataset), size), desc="validate", leave=False, disable=None):
+            rows = range(start, min(start + size, len(self.val_dataset)))
+            prompts = collate_fn([self.val_dataset[i] for i in rows])
+            batch = self.rollout.generate(prompts, self.global_step, VALIDATION_ROUND + start, sampling, n=n)
+            rewards = self.rollout.score(batch).result()
+            batch_scores, batch_sub_scores = rewards.scores, rewards.sub_scores
+            scores.append(batch_scores)
+            for key, values in batch_sub_scores.items():
+                sub_scores[key] += list(values)
+            lengths.append(batch["response_mask"].sum(dim=-1).float())
+            keep = self.config.trainer.val_generations_to_log - len(shown)
+            shown += self._generation_records(batch, batch_scores)[: max(keep, 0)]
+        all_scores, all_lengths = torch.cat(scores), torch.cat(lengths)
+        metrics = {
+            "val/reward_score": all_scores.mean().item(),
+            "val/response_length/mean": all_lengths.mean().item(),
+            "val/response_length/clip_ratio": (all_lengths >= sampling["max_tokens"]).float().mean().item(),
+        }
+        for key, values in sub_scores.items():
+            if key != "overall":
+                metrics[f"val/{key}"] = float(np.mean(values))
+        for tracker in self.trackers:
+            log_generations = getattr(tracker, "log_generations", None)
+            if log_generations is not None:
+                log_generations(shown, self.global_step)
+        return metrics
+
+    def _generation_records(self, batch: Batch, scores: torch.Tensor) -> list[dict[str, Any]]:
+        """Prompt, response, answer and score of each sample, as text."""
+        lengths = batch["response_mask"].sum(dim=-1).tolist()
+        return [
+            {
+                "prompt": self.tokenizer.decode(batch["raw_prompt_ids"][i], skip_special_tokens=False),
+                "response": self.tokenizer.decode(batch["responses"][i, : lengths[i]].tolist()),
+                "ground_truth": batch["ground_truth"][i],
+                "score": float(scores[i]),
+            }
+            for i in range(len(batch))
+        ]
+
+    # ------------------------------------------------------------------------------------------- checkpoints
+    def save_checkpoint(self, val_score: float | None = None) -> Path:
+        """Write the full training state of ``global_step`` and commit it atomically; returns its directory."""
+        staging = self.checkpoints.staging_dir(self.global_step)
+        self.workers.run_all("save_checkpoint", str(staging), self.config.trainer.save_model_only)
+        driver_state = {
+            "global_step": self.global_step,
+            "prompts": self.prompts.state_dict(),
+            "kl_controller": self.kl_controller.state_dict(),
+            "rng": rng_state(),
+        }
+        save_durably(driver_state, staging / TRAINER_STATE_NAME)
+        (staging / "config.yaml").write_text(to_yaml(self.config), encoding="utf-8")
+        return self.checkpoints.commit(self.global_step, staging, val_score)
+
+    def _load_checkpoint(self, step_dir: Path, driver_state: dict[str, Any]) -> None:
+        """Restore the workers' models and optimizers and the driver's data position, KL controller and RNGs."""
+        self.workers.run_all("load_checkpoint", str(step_dir))
+        self.prompts.load_state_dict(driver_state["prompts"])
+        self.kl_controller.load_state_dict(driver_state["kl_controller"])
+        set_rng_state(driver_state["rng"])
+        print(f"easyr1: resumed from {step_dir} (step {self.global_step} of {self.total_steps})", flush=True)
+
+    def _close_trackers(self) -> None:
+        for tracker in self.trackers:
+            tracker.close()
+
+    def shutdown(self) -> None:
+        """Stop the workers and the reward actor (the Ray cluster itself stays up)."""
+        self.workers.shutdown()
+        ray.kill(self.reward_actor)
+
+
+def place_scores_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """(B,) sequence scores -> (B, R) token rewards with the score on each response's last valid token."""
+    token_rewards = torch.zeros(response_mask.shape, dtype=torch.float32)
+    last = (response_mask.sum(dim=-1) - 1).clamp(min=0)
+    token_rewards[torch.arange(len(scores)), last] = scores.float()
+    return token_rewards
+
+
+def prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:
+    """``{"a": 1}`` -> ``{"prefix/a": 1}``."""
+    return {f"{prefix}/{key}": value for key, value in metrics.items()}

@@ -82,9 +82,43 @@ def run(model_dir, data_dir, run_dir, extra: list[str]) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+# A reward file that fails the run unless every input carries the prompt and the row's other dataset columns, for
+# the sampled responses and for ReMax's greedy baselines alike.
+CHECKING_REWARD = """
+def compute_score(inputs):
+    for x in inputs:
+        assert "What colour is the shape?" in x["prompt"], x
+        assert x["data_source"] == "shapes/" + x["ground_truth"], x
+        assert x["extra_info"] == {"row": x["extra_info"]["row"], "colour": x["ground_truth"]}, x
+    return [{"overall": float(x["ground_truth"] in x["response"])} for x in inputs]
+"""
+
+
+def with_row_columns(data_dir, out_dir) -> list[str]:
+    """The tiny dataset with two more columns per row, scored by ``CHECKING_REWARD``: the CLI arguments."""
+    rows = [json.loads(line) for line in (data_dir / "train.jsonl").read_text().splitlines()]
+    lines = [
+        json.dumps(
+            {**row, "data_source": f"shapes/{row['answer']}", "extra_info": {"row": i, "colour": row["answer"]}}
+        )
+        for i, row in enumerate(rows)
+    ]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "train.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    (out_dir / "checking_reward.py").write_text(CHECKING_REWARD, encoding="utf-8")
+    return [
+        f"data.train_files={out_dir / 'train.jsonl'}",
+        f"data.image_dir={data_dir}",
+        f"worker.reward.reward_function={out_dir / 'checking_reward.py'}:compute_score",
+    ]
+
+
 @pytest.mark.parametrize("name", list(RUNS))
 def test_algorithm_runs_three_steps(name, tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
-    records = run(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path / name, RUNS[name])
+    extra = RUNS[name]
+    if name == "remax":  # the reward inputs carry the prompt and the row's other columns (greedy round included)
+        extra = [*extra, *with_row_columns(tiny_dataset_dir, tmp_path / "data")]
+    records = run(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path / name, extra)
     assert [record["step"] for record in records] == [1, 2, 3]
     for record in records:
         for key in ("actor/pg_loss", "actor/grad_norm", "reward/overall", "rollout/log_prob_gap"):

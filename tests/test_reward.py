@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from easyr1.errors import RewardError
-from easyr1.workers.reward import compute_rewards, load_reward_function, make_reward_inputs, parse_reward_spec
+from easyr1.workers.reward import Rewards, load_reward_function, parse_reward_spec, score_batch
 
 
 REWARD_DIR = Path(__file__).resolve().parents[1] / "reward_function"
@@ -257,31 +257,30 @@ def test_numeric_types_are_converted_to_float(tmp_path: Path) -> None:
     assert reward_fn([]) == []
 
 
-def test_compute_rewards_builds_inputs_and_collects_sub_scores(tmp_path: Path) -> None:
+def test_score_batch_collects_overall_and_sub_scores(tmp_path: Path) -> None:
     path = write(
         tmp_path,
         "echo.py",
         """
         def compute_score(xs):
-            return [{"overall": float(x["response_length"]), "has_prompt": float("prompt" in x),
-                     "src": float(x["data_source"] == "geo")} for x in xs]
+            return [{"overall": float(x["response_length"]), "src": float(x["data_source"] == "geo")} for x in xs]
         """,
     )
     reward_fn = load_reward_function(str(path))
-    scores, sub_scores = compute_rewards(
-        reward_fn,
-        ["a", "b"],
-        torch.tensor([3, 5]),
-        ["x", "y"],
-        prompts=["p", "q"],
-        extra_fields={"data_source": ["geo", "other"]},
-    )
-    assert scores.dtype == torch.float32 and scores.tolist() == [3.0, 5.0]
-    assert sub_scores == {"overall": [3.0, 5.0], "has_prompt": [1.0, 1.0], "src": [1.0, 0.0]}
-    inputs = make_reward_inputs(["a"], [2], ["g"])
-    assert inputs == [{"response": "a", "response_length": 2, "ground_truth": "g"}]
-    with pytest.raises(ValueError, match="disagree"):
-        make_reward_inputs(["a", "b"], [1], ["g", "h"])
+    inputs = [sample("a", length=3) | {"data_source": "geo"}, sample("b", length=5) | {"data_source": "other"}]
+    rewards = score_batch(reward_fn, inputs)
+    assert rewards.scores.dtype == torch.float32 and rewards.scores.tolist() == [3.0, 5.0]
+    assert rewards.sub_scores == {"overall": [3.0, 5.0], "src": [1.0, 0.0]}
+
+
+def test_rewards_follow_their_samples_through_index_and_concat() -> None:
+    first = Rewards(torch.tensor([1.0, 2.0, 3.0]), {"overall": [1.0, 2.0, 3.0], "acc": [0.0, 1.0, 0.0]})
+    second = Rewards(torch.tensor([4.0]), {"overall": [4.0], "acc": [1.0]})
+    merged = Rewards.concat([first.index([2, 0]), second])
+    assert len(merged) == 3
+    assert merged.scores.tolist() == [3.0, 1.0, 4.0]
+    assert merged.sub_scores == {"overall": [3.0, 1.0, 4.0], "acc": [0.0, 0.0, 1.0]}
+    assert first.index(torch.tensor([1])).sub_scores == {"overall": [2.0], "acc": [1.0]}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -311,8 +310,8 @@ def test_shape_color_ceiling_without_the_image() -> None:
     """Answering the same colour for every image earns exactly 0.2 + 0.8 / 4 on balanced colours."""
     reward_fn = load_reward_function(str(REWARD_DIR / "shape_color.py"))
     colours = ["red", "green", "blue", "yellow"] * 5
-    scores, _ = compute_rewards(reward_fn, ["blue"] * 20, [1] * 20, colours)
-    assert scores.mean().item() == pytest.approx(0.4)
+    rewards = score_batch(reward_fn, [sample("blue", colour, 1) for colour in colours])
+    assert rewards.scores.mean().item() == pytest.approx(0.4)
 
 
 def test_math_reward() -> None:

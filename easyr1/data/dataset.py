@@ -193,6 +193,7 @@ class RLDataset(torch.utils.data.Dataset):
     - ``multi_modal_inputs``: the processor's tensors (``pixel_values``, ``image_grid_thw``, video ones);
       ``{}`` for text rows.
     - ``ground_truth``: the answer as a string.
+    - ``row_columns``: ``{column: value}`` of the row's other columns (``data_source``...), for the reward function.
 
     Every row is checked while the dataset is built, before any model loads: columns and their types, empty
     prompts, marker counts, each image and video frame (size from the file header, and the file read through so
@@ -500,6 +501,12 @@ class RLDataset(torch.utils.data.Dataset):
             "multi_modal_data": multi_modal_data,
             "multi_modal_inputs": multi_modal_inputs,
             "ground_truth": check_answer(data, self.answer_key, row.where),
+            # for the reward function, which receives them by name (workers/reward.py)
+            "row_columns": {
+                name: value
+                for name, value in data.items()
+                if name not in (self.prompt_key, self.answer_key, self.image_key, self.video_key)
+            },
         }
 
     def _check_expansion(self, row: Row, input_ids: torch.Tensor, raw_prompt_ids: list[int]) -> None:

@@ -7,8 +7,10 @@ how it is called and ``worker.reward.reward_function_kwargs`` are passed as keyw
 * ``REWARD_TYPE = "batch"`` (the default, as in EasyR1): ``fn(list_of_inputs, **kwargs) -> list_of_scores``;
 * ``REWARD_TYPE = "sequential"``: ``fn(one_input, **kwargs) -> one_score``.
 
-Each input is a dict with ``response`` (decoded text), ``response_length`` (tokens), ``ground_truth`` and, where the
-caller has them, ``prompt`` and other per-sample fields (``data_source``...). Each score is a dict with ``overall``
+Each input is a dict (:func:`build_reward_inputs`) with ``response`` (decoded text), ``response_length`` (tokens),
+``ground_truth``, ``prompt`` (the prompt the model saw, chat template applied, decoded like the response) and every
+other column of the sample's dataset row under its own name (``data_source``, ``extra_info``...; a column named like
+one of the four keys above does not replace it). Each score is a dict with ``overall``
 plus any number of sub-scores (``format``, ``accuracy``...), all finite numbers and the same keys for every sample.
 Any deviation becomes a :class:`~easyr1.errors.RewardError` that names the sample and what was wrong.
 """
@@ -23,12 +25,14 @@ import os
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import torch
 
 from easyr1.errors import RewardError
+from easyr1.protocol import Batch
 
 
 REWARD_TYPES = ("batch", "sequential")
@@ -39,6 +43,10 @@ KWARGS_KEY = "worker.reward.reward_function_kwargs"
 TYPE_KEY = "worker.reward.reward_type"
 
 RewardInput = dict[str, Any]
+# The keys every reward input has; a dataset column of the same name does not replace them.
+REWARD_INPUT_KEYS = ("response", "response_length", "ground_truth", "prompt")
+# The batch field holding each sample's other dataset columns ({name: value}), as the dataset yields them.
+ROW_COLUMNS = "row_columns"
 RewardScore = dict[str, float]
 
 _PREVIEW_CHARS = 200
@@ -288,56 +296,68 @@ def load_reward_function(
     return RewardFunction(spec, kwargs, reward_type)
 
 
-def make_reward_inputs(
-    responses: Sequence[str],
-    response_lengths: Sequence[int] | torch.Tensor,
-    ground_truths: Sequence[Any],
-    prompts: Sequence[str] | None = None,
-    extra_fields: Mapping[str, Sequence[Any]] | None = None,
-) -> list[RewardInput]:
-    """Assemble one input dict per sample (``response``, ``response_length``, ``ground_truth``, [``prompt``], extras).
+@dataclass(frozen=True)
+class Rewards:
+    """The scores of a batch of samples, in the batch's order: what the reward actor returns and the trainer reads.
 
-    Args:
-        responses: (B,) decoded responses.
-        response_lengths: (B,) number of response tokens.
-        ground_truths: (B,) ground truth of each sample.
-        prompts: (B,) decoded prompts, if the reward needs them.
-        extra_fields: more per-sample fields by name (e.g. ``data_source``), each of length B.
+    ``scores`` is the (B,) float32 ``overall`` score; ``sub_scores`` maps every score key (``overall`` included) to
+    its B values, kept as python floats so that their metrics are computed exactly as the function returned them.
     """
-    lengths = response_lengths.tolist() if isinstance(response_lengths, torch.Tensor) else list(response_lengths)
-    columns: dict[str, Sequence[Any]] = {
-        "response": responses,
-        "response_length": lengths,
-        "ground_truth": ground_truths,
-    }
-    if prompts is not None:
-        columns["prompt"] = prompts
-    columns.update(extra_fields or {})
-    sizes = {key: len(values) for key, values in columns.items()}
-    if len(set(sizes.values())) > 1:
-        raise ValueError(f"reward input fields disagree on the number of samples: {sizes}")
-    return [
-        {key: (int(values[i]) if key == "response_length" else values[i]) for key, values in columns.items()}
-        for i in range(len(responses))
-    ]
+
+    scores: torch.Tensor
+    sub_scores: dict[str, list[float]]
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    def index(self, rows: Sequence[int] | torch.Tensor) -> Rewards:
+        """The rewards of ``rows``, in that order (a reordering, a selection or both)."""
+        rows = rows.tolist() if isinstance(rows, torch.Tensor) else list(rows)
+        return Rewards(self.scores[rows], {key: [values[i] for i in rows] for key, values in self.sub_scores.items()})
+
+    @staticmethod
+    def concat(parts: Sequence[Rewards]) -> Rewards:
+        """The rewards of several batches, one after the other."""
+        return Rewards(
+            torch.cat([part.scores for part in parts]),
+            {key: [value for part in parts for value in part.sub_scores[key]] for key in parts[0].sub_scores},
+        )
 
 
-def compute_rewards(
-    reward_fn: RewardFunction,
-    responses: Sequence[str],
-    response_lengths: Sequence[int] | torch.Tensor,
-    ground_truths: Sequence[Any],
-    prompts: Sequence[str] | None = None,
-    extra_fields: Mapping[str, Sequence[Any]] | None = None,
-) -> tuple[torch.Tensor, dict[str, list[float]]]:
-    """Score a batch of responses.
+def score_batch(reward_fn: RewardFunction, inputs: Sequence[RewardInput]) -> Rewards:
+    """Score reward inputs (one dict per sample, see the module docstring) with ``reward_fn``."""
+    score_dicts = reward_fn(inputs)
+    keys = list(score_dicts[0]) if score_dicts else ["overall"]
+    sub_scores = {key: [float(score[key]) for score in score_dicts] for key in keys}
+    return Rewards(torch.tensor(sub_scores["overall"], dtype=torch.float32), sub_scores)
 
-    Returns:
-        (scores (B,) float32 tensor of ``overall``, every score key -> list of B floats, ``overall`` included).
-        The trainer puts each score on the sample's last valid response token.
+
+def build_reward_inputs(batch: Batch, tokenizer: Any, skip_special_tokens: bool) -> list[RewardInput]:
+    """One reward input per sample of ``batch`` (the keys are in the module docstring).
+
+    Reads ``responses``, ``response_mask``, ``ground_truth``, ``raw_prompt_ids`` and, when present, ``row_columns``;
+    a prompt shared by several samples (same ``uid``) is decoded once.
     """
-    inputs = make_reward_inputs(responses, response_lengths, ground_truths, prompts, extra_fields)
-    scores = reward_fn(inputs)
-    overall = torch.tensor([score["overall"] for score in scores], dtype=torch.float32)
-    keys = list(scores[0]) if scores else ["overall"]
-    return overall, {key: [score[key] for score in scores] for key in keys}
+    lengths = batch["response_mask"].sum(dim=-1).tolist()
+    responses = tokenizer.batch_decode(
+        [ids[:length].tolist() for ids, length in zip(batch["responses"], lengths)],
+        skip_special_tokens=skip_special_tokens,
+    )
+    keys = batch["uid"] if "uid" in batch else range(len(batch))
+    prompt_texts: dict[Any, str] = {}
+    for key, prompt_ids in zip(keys, batch["raw_prompt_ids"]):
+        if key not in prompt_texts:
+            prompt_texts[key] = tokenizer.decode(list(prompt_ids), skip_special_tokens=skip_special_tokens)
+    columns = batch[ROW_COLUMNS] if ROW_COLUMNS in batch else [{}] * len(batch)
+    inputs = []
+    for i, (key, response, length) in enumerate(zip(keys, responses, lengths)):
+        reward_input = {
+            "response": response,
+            "response_length": int(length),
+            "ground_truth": batch["ground_truth"][i],
+            "prompt": prompt_texts[key],
+        }
+        for name, value in (columns[i] or {}).items():
+            reward_input.setdefault(name, value)
+        inputs.append(reward_input)
+    return inputs

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import ray
-import torch
 
-from easyr1.workers.reward import load_reward_function
+from easyr1.workers.reward import Rewards, load_reward_function, score_batch
 
 
 @ray.remote
@@ -17,8 +16,6 @@ class RewardActor:
     def __init__(self, spec: str, kwargs: dict[str, Any] | None, reward_type: str | None) -> None:
         self.reward_fn = load_reward_function(spec, kwargs, reward_type)
 
-    def score(self, inputs: list[dict[str, Any]]) -> tuple[torch.Tensor, dict[str, list[float]]]:
-        """(B,) overall scores and every sub-score as a list (``overall`` included)."""
-        score_dicts = self.reward_fn(inputs)
-        sub_scores = {key: [float(scores[key]) for scores in score_dicts] for key in score_dicts[0]}
-        return torch.tensor(sub_scores["overall"], dtype=torch.float32), sub_scores
+    def score(self, inputs: list[dict[str, Any]]) -> Rewards:
+        """The rewards of ``inputs``: :func:`~easyr1.workers.reward.score_batch` with the loaded function."""
+        return score_batch(self.reward_fn, inputs)
