@@ -366,7 +366,9 @@ def test_collate_stacks_tensors_and_keeps_objects(tiny_dataset_dir, processor):
     batch = collate_fn([dataset[i] for i in range(3)])
     assert isinstance(batch, Batch) and len(batch) == 3
     assert batch["input_ids"].shape == (3, 64) and batch["position_ids"].shape == (3, 4, 64)
-    assert set(batch.non_tensors) == {"raw_prompt_ids", "multi_modal_data", "multi_modal_inputs", "ground_truth"}
+    objects = {"raw_prompt_ids", "multi_modal_data", "multi_modal_inputs", "ground_truth", "row_columns"}
+    assert set(batch.non_tensors) == objects
+    assert list(batch["row_columns"]) == [{}] * 3  # problem, answer and images are the dataset's own columns
     assert batch["ground_truth"].dtype == object and list(batch["ground_truth"]) == [
         dataset[i]["ground_truth"] for i in range(3)
     ]
