@@ -10,8 +10,8 @@ how it is called and ``worker.reward.reward_function_kwargs`` are passed as keyw
 Each input is a dict (:func:`build_reward_inputs`) with ``response`` (decoded text), ``response_length`` (tokens),
 ``ground_truth``, ``prompt`` (the prompt the model saw, chat template applied, decoded like the response) and every
 other column of the sample's dataset row under its own name (``data_source``, ``extra_info``...; a column named like
-one of the four keys above does not replace it). Each score is a dict with ``overall``
-plus any number of sub-scores (``format``, ``accuracy``...), all finite numbers and the same keys for every sample.
+one of the four keys above does not replace it). Each score is a dict with ``overall`` plus any number of sub-scores
+(``format``, ``accuracy``...), all finite numbers and the same keys for every sample.
 Any deviation becomes a :class:`~easyr1.errors.RewardError` that names the sample and what was wrong.
 """
 
