@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 import torch
+import torch.distributed as dist
 
 from easyr1.config import PPOConfig, load_config
 from easyr1.data import RLDataset, collate_fn
@@ -86,3 +91,32 @@ def training_batch(
     batch = pack_responses(prompts, responses, [[0.0] * len(r) for r in responses], response_length, pad_token_id=0)
     batch["advantages"] = torch.randn(count, response_length, generator=generator) * batch["response_mask"]
     return batch
+
+
+@contextmanager
+def single_rank_vllm_world(**extra_env: str) -> Iterator[None]:
+    """A one-rank gloo world plus the environment vLLM's external launcher reads (``extra_env`` added); on exit
+    vLLM's own teardown removes the world and the environment is restored."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    environment = {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+        **extra_env,
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in environment.items():
+            patch.setenv(key, value)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+        yield
+        from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+        destroy_model_parallel()
+        destroy_distributed_environment()  # also destroys torch's default group

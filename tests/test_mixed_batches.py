@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import gc
 import json
-import socket
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
+from helpers import single_rank_vllm_world
 from PIL import Image
 from transformers import AutoModelForImageTextToText
 
@@ -206,29 +205,8 @@ def engine_world():
     Module-scoped: vLLM keeps its parallel state per process, so the engines of all families share one world,
     which vLLM's own teardown removes again at the end (the environment is restored too).
     """
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    environment = {
-        "RANK": "0",
-        "WORLD_SIZE": "1",
-        "LOCAL_RANK": "0",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-        "VLLM_LOGGING_LEVEL": "WARNING",
-    }
-    with pytest.MonkeyPatch.context() as patch:
-        for key, value in environment.items():
-            patch.setenv(key, value)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    with single_rank_vllm_world(VLLM_CPU_KVCACHE_SPACE="1"):
         yield
-        from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
-
-        destroy_model_parallel()
-        destroy_distributed_environment()  # also destroys torch's default group
 
 
 def _generate_with_vllm(model_dir: Path, prompts: Batch, banned_token_ids: list[int]) -> Batch:

@@ -6,12 +6,10 @@ The engine runs in this process, in a one-rank gloo world (vLLM's external launc
 from __future__ import annotations
 
 import gc
-import socket
 
 import pytest
 import torch
-import torch.distributed as dist
-from helpers import prompt_batch
+from helpers import prompt_batch, single_rank_vllm_world
 
 from easyr1.workers.rollout.base import SamplingSettings
 
@@ -24,28 +22,8 @@ EPS = 1e-3  # the tiny model's config has rms_norm_eps 1e-6
 @pytest.fixture(scope="module")
 def engine_world():
     """A one-rank gloo world plus the environment vLLM's external launcher reads (restored afterwards)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    environment = {
-        "RANK": "0",
-        "WORLD_SIZE": "1",
-        "LOCAL_RANK": "0",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-        "VLLM_LOGGING_LEVEL": "WARNING",
-    }
-    with pytest.MonkeyPatch.context() as patch:
-        for key, value in environment.items():
-            patch.setenv(key, value)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    with single_rank_vllm_world():
         yield
-        from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
-
-        destroy_model_parallel()
-        destroy_distributed_environment()  # also destroys torch's default group
 
 
 def language_norm_eps(worker) -> list[float]:
