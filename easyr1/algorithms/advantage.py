@@ -40,22 +40,17 @@ class EstimatorNeeds:
     min_group_size: int = 1
 
 
-_NEEDS: dict[str, EstimatorNeeds] = {}
-
-
 def register_adv_estimator(
     name: str, *, needs: EstimatorNeeds | None = None
 ) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
     """Decorator registering an estimator ``fn(**inputs) -> (advantages (B, T), returns (B, T))`` as ``name``,
     with what it needs besides rewards (nothing by default)."""
-    _NEEDS[name] = needs or EstimatorNeeds()
-    return ADV_ESTIMATORS.register(name)
+    return ADV_ESTIMATORS.register(name, traits=needs or EstimatorNeeds())
 
 
 def estimator_needs(name: str) -> EstimatorNeeds:
     """What the estimator registered as ``name`` needs (ConfigError listing the valid names for an unknown one)."""
-    ADV_ESTIMATORS.get(name)
-    return _NEEDS[name]
+    return ADV_ESTIMATORS.traits(name)
 
 
 def get_adv_estimator(name: str) -> AdvantageEstimator:

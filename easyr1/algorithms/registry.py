@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from easyr1.errors import ConfigError
 
@@ -31,17 +31,28 @@ class Registry(Generic[FnT]):
         self.kind = kind
         self.config_key = config_key
         self._entries: dict[str, FnT] = {}
+        self._traits: dict[str, Any] = {}
 
-    def register(self, name: str) -> Callable[[FnT], FnT]:
-        """Return a decorator that adds the decorated function under ``name`` and returns it unchanged."""
+    def register(self, name: str, traits: Any = None) -> Callable[[FnT], FnT]:
+        """Return a decorator that adds the decorated function under ``name`` and returns it unchanged.
+
+        ``traits``: what the family records about each entry beside its function (an estimator's needs, whether an
+        engine runs tensor-parallel), read back with :meth:`traits`.
+        """
 
         def decorator(fn: FnT) -> FnT:
             if name in self._entries and self._entries[name] is not fn:
                 raise ValueError(f"{self.kind} {name!r} is already registered by {self._entries[name].__qualname__}")
             self._entries[name] = fn
+            self._traits[name] = traits
             return fn
 
         return decorator
+
+    def traits(self, name: str) -> Any:
+        """What was registered with ``name`` beside its function; ConfigError naming the valid choices otherwise."""
+        self.get(name)
+        return self._traits[name]
 
     def get(self, name: str) -> FnT:
         """Return the function registered as ``name``; raise ConfigError naming the valid choices otherwise."""

@@ -49,20 +49,16 @@ EngineBuilder = Callable[[EngineSetup], "RolloutEngine"]
 
 ROLLOUT_ENGINES: Registry[EngineBuilder] = Registry("rollout engine", "worker.rollout.name")
 
-_TENSOR_PARALLEL: dict[str, bool] = {}
-
 
 def register_rollout_engine(name: str, *, tensor_parallel: bool) -> Callable[[EngineBuilder], EngineBuilder]:
     """Decorator registering an engine builder as ``name``; ``tensor_parallel``: whether the engine can be shared
     by ``worker.rollout.tensor_parallel_size`` workers (else each worker holds a whole model)."""
-    _TENSOR_PARALLEL[name] = tensor_parallel
-    return ROLLOUT_ENGINES.register(name)
+    return ROLLOUT_ENGINES.register(name, traits=tensor_parallel)
 
 
 def supports_tensor_parallel(name: str) -> bool:
     """Whether the engine registered as ``name`` runs over a tensor-parallel group (ConfigError if unknown)."""
-    ROLLOUT_ENGINES.get(name)
-    return _TENSOR_PARALLEL[name]
+    return ROLLOUT_ENGINES.traits(name)
 
 
 def build_rollout_engine(setup: EngineSetup) -> RolloutEngine:
