@@ -15,3 +15,7 @@ class DataError(UserError):
 
 class RewardError(UserError):
     """A reward function that cannot be loaded or that misbehaves."""
+
+
+class EnvError(UserError):
+    """An environment that cannot be loaded or that misbehaves (the message names the episode's seed and turn)."""

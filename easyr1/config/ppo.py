@@ -26,6 +26,7 @@ from easyr1.config.actor import (
 from easyr1.config.algorithm import ALGORITHM_RANGES, AlgorithmConfig, check_algorithm_names, check_algorithm_pairs
 from easyr1.config.checks import check_sizes, model_problems, read_model_config
 from easyr1.config.data import DATA_RANGES, DataConfig, check_data_pairs
+from easyr1.config.env import ENV_RANGES, EnvConfig, check_env_names
 from easyr1.config.fields import get_key, iter_fields, mirror_source, section, set_key
 from easyr1.config.paths import absolute, resolve_dataset, resolve_function, resolve_path
 from easyr1.config.reward import REWARD_RANGES, RewardConfig, check_reward_function, check_reward_names
@@ -54,6 +55,7 @@ class PPOConfig:
     algorithm: AlgorithmConfig = section(AlgorithmConfig, "the RL algorithm")
     worker: WorkerConfig = section(WorkerConfig, "actor, reference, rollout and reward")
     trainer: TrainerConfig = section(TrainerConfig, "the training loop")
+    env: EnvConfig = section(EnvConfig, "the environment of a multi-turn agent run (unset: single-turn prompts)")
 
     def __post_init__(self) -> None:
         self.fill_derived()
@@ -83,6 +85,7 @@ class PPOConfig:
         model.model_path = resolve_path(model.model_path)
         model.tokenizer_path = resolve_path(model.tokenizer_path) if model.tokenizer_path else model.model_path
         reward.reward_function = resolve_function(reward.reward_function)
+        self.env.env_class = resolve_function(self.env.env_class)
         if self.worker.critic.global_batch_size is None:
             self.worker.critic.global_batch_size = actor.global_batch_size
         critic_model = self.worker.critic.model
@@ -124,6 +127,7 @@ _RANGES = {
     **prefixed("worker.rollout", ROLLOUT_RANGES),
     **prefixed("worker.reward", REWARD_RANGES),
     **prefixed("trainer", TRAINER_RANGES),
+    **prefixed("env", ENV_RANGES),
 }
 
 
@@ -135,7 +139,8 @@ def validation_problems(config: PPOConfig, num_workers: int | None) -> list[str]
     worker = config.worker
     if worker.actor.model.model_path is None:
         problems.append("worker.actor.model.model_path is not set; pass worker.actor.model.model_path=PATH_OR_HUB_ID")
-    check_reward_function(worker.reward, problems)
+    if not config.env.enabled:  # an agent's rewards come from its environment
+        check_reward_function(worker.reward, problems)
     check_ranges(config, _RANGES, problems)
     check_data_pairs(config.data, problems)
     check_algorithm_pairs(config.algorithm, problems)
@@ -158,6 +163,8 @@ def validation_problems(config: PPOConfig, num_workers: int | None) -> list[str]
     check_reward_names(worker.reward, problems)
     check_trainer_names(config.trainer, problems)
     check_val_override(worker.rollout, problems)
+    if config.env.enabled:
+        check_env_names(config.env, problems)
     check_sizes(
         config.data,
         config.algorithm,
