@@ -24,7 +24,7 @@ CONTEXT_MODES = ("full",)
 class EnvConfig:
     """The environment of a multi-turn agent run (unset: single-turn prompts from the dataset)."""
 
-    name: str | None = option(None, "a registered environment (sokoban, frozen_lake, target, ...); null: no environment")
+    name: str | None = option(None, "a registered environment (sokoban, frozen_lake, target); null: no environment")
     env_class: str | None = option(None, "'path/to/env.py:ClassName': your own environment class, instead of name")
     env_kwargs: dict[str, Any] = option({}, "keyword arguments the environment class is built with")
     max_turns: int = option(5, "turns per episode at most (an episode also ends when the environment says done)")

@@ -53,5 +53,5 @@ class Environment(abc.ABC):
         """Apply the model's text of one turn; returns (observation, reward, done, info)."""
 
     def close(self) -> None:
-        """Release what the environment holds (nothing by default)."""
+        """Release what the environment holds (nothing by default)."""  # noqa: B027 (optional to override)
 
