@@ -52,6 +52,5 @@ class Environment(abc.ABC):
     def step(self, action_text: str) -> StepResult:
         """Apply the model's text of one turn; returns (observation, reward, done, info)."""
 
-    def close(self) -> None:
-        """Release what the environment holds (nothing by default)."""  # noqa: B027 (optional to override)
-
+    def close(self) -> None:  # noqa: B027 (overriding is optional)
+        """Release what the environment holds (nothing by default)."""
