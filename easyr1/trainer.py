@@ -49,6 +49,8 @@ from easyr1.logging.timing import timed
 from easyr1.models.loading import load_model_config, load_tokenizer_and_processor
 from easyr1.on_policy import reuses_update_log_probs
 from easyr1.protocol import Batch
+from easyr1.envs import check_environment
+from easyr1.stages.multi_turn import EpisodeSeeds, MultiTurnRollout
 from easyr1.stages.rollout import SAMPLING_KEYS, SingleTurnRollout
 from easyr1.workers.actor import ACTOR_FIELDS
 from easyr1.workers.hybrid_worker import HybridWorker
@@ -68,37 +70,27 @@ class Trainer:
         model = config.worker.actor.model
         self.tokenizer, self.processor = load_tokenizer_and_processor(model.tokenizer_path, model.trust_remote_code)
         # Everything that can fail on bad input happens before the workers load any model.
-        load_reward_function(
-            config.worker.reward.reward_function,
-            config.worker.reward.reward_function_kwargs,
-            config.worker.reward.reward_type,
-        )
+        if not config.env.enabled:  # an agent's rewards come from its environment
+            load_reward_function(
+                config.worker.reward.reward_function,
+                config.worker.reward.reward_function_kwargs,
+                config.worker.reward.reward_type,
+            )
         model_config = load_model_config(model.model_path, model.trust_remote_code, model.override_config)
-        self.train_dataset = RLDataset.from_config(
-            config.data, config.data.train_files, self.tokenizer, self.processor, model_config
-        )
         # Prompts are drawn in generation rounds of mini_rollout_batch_size (DAPO refills a step round by round).
         self.round_size = config.data.mini_rollout_batch_size or config.data.rollout_batch_size
-        self.prompts = PromptStream(
-            self.train_dataset,
-            self.round_size,
-            config.data.shuffle,
-            config.data.seed,
-            collate_fn,
-            config.data.dataloader_num_workers,
-        )
         self.val_dataset = None
-        trainer = config.trainer
-        if trainer.val_freq > 0 or trainer.val_before_train or trainer.val_only:
-            self.val_dataset = RLDataset.from_config(
-                config.data, config.data.val_files, self.tokenizer, self.processor, model_config
-            )
-        steps_per_epoch = self.prompts.steps_per_epoch * self.round_size // config.data.rollout_batch_size
-        if steps_per_epoch == 0:
-            raise UserError(
-                f"data.train_files ({config.data.train_files}) has {len(self.train_dataset)} usable rows, fewer than "
-                f"data.rollout_batch_size={config.data.rollout_batch_size}; lower the batch size or add data"
-            )
+        if config.env.enabled:  # an agent run: environment seeds instead of prompts, rewards from the environment
+            check_environment(config.env.name, config.env.env_class, dict(config.env.env_kwargs))
+            self.prompts = EpisodeSeeds(config.env.seed, config.env.num_seeds, self.round_size)
+            steps_per_epoch = self.prompts.steps_per_epoch
+            if steps_per_epoch is None and not config.trainer.max_steps:
+                raise UserError(
+                    "an agent run without env.num_seeds plays new seeds forever; set trainer.max_steps (or "
+                    "env.num_seeds to make an epoch)"
+                )
+        else:
+            steps_per_epoch = self._load_datasets(model_config)
         self.total_steps = config.trainer.max_steps or steps_per_epoch * config.trainer.total_epochs
         config.worker.actor.optim.training_steps = self.total_steps
         # Which checkpoint to continue from is settled (and its state read) before any model loads.
@@ -122,7 +114,7 @@ class Trainer:
             config=to_dict(config),
         )
 
-        self.reward_actor = RewardActor.options(
+        self.reward_actor = None if config.env.enabled else RewardActor.options(
             num_cpus=config.worker.reward.num_cpus,
             # the driver's node, where the reward file was found; another node may not have it (soft: if this
             # node has no CPU free, any node will do)
@@ -137,6 +129,11 @@ class Trainer:
         device = resolve_device(config.trainer.device, ray.cluster_resources())
         worker_config = copy.deepcopy(config)
         worker_config.trainer.device = device  # every worker uses the device decided here, and checks it has it
+        if config.env.enabled and config.worker.actor.share_prompt:
+            # a trajectory's images sit in its response region too, which a prompt shared by a group cannot carry
+            print("easyr1: worker.actor.share_prompt is off for agent runs (observations hold images)", flush=True)
+            worker_config.worker.actor.share_prompt = False
+            worker_config.fill_derived()
         # on CPU a node's workers share its cores; more threads than cores only adds contention
         cpu_threads = max(1, (os.cpu_count() or 1) // config.trainer.n_gpus_per_node)
         self.workers = WorkerGroup(
@@ -160,10 +157,41 @@ class Trainer:
         self.kl_controller = build_kl_controller(
             algorithm.kl_type, algorithm.kl_coef, algorithm.kl_target, algorithm.kl_horizon
         )
-        # the stage train_step drives (RolloutStage.collect); validation also uses its generate and score
-        self.rollout = SingleTurnRollout(config, self.workers, self.reward_actor, self.prompts, self.tokenizer)
+        # the stage train_step drives (RolloutStage.collect); validation also goes through it
+        self.rollout: SingleTurnRollout | MultiTurnRollout
+        if config.env.enabled:
+            self.rollout = MultiTurnRollout(config, self.workers, self.tokenizer, self.processor, model_config)
+        else:
+            self.rollout = SingleTurnRollout(config, self.workers, self.reward_actor, self.prompts, self.tokenizer)
         if self.resume_from:
             self._load_checkpoint(self.resume_from, resumed_state)
+
+    def _load_datasets(self, model_config: Any) -> int:
+        """Read the training (and validation) prompts; returns the steps per epoch."""
+        config = self.config
+        self.train_dataset = RLDataset.from_config(
+            config.data, config.data.train_files, self.tokenizer, self.processor, model_config
+        )
+        self.prompts = PromptStream(
+            self.train_dataset,
+            self.round_size,
+            config.data.shuffle,
+            config.data.seed,
+            collate_fn,
+            config.data.dataloader_num_workers,
+        )
+        trainer = config.trainer
+        if trainer.val_freq > 0 or trainer.val_before_train or trainer.val_only:
+            self.val_dataset = RLDataset.from_config(
+                config.data, config.data.val_files, self.tokenizer, self.processor, model_config
+            )
+        steps_per_epoch = self.prompts.steps_per_epoch * self.round_size // config.data.rollout_batch_size
+        if steps_per_epoch == 0:
+            raise UserError(
+                f"data.train_files ({config.data.train_files}) has {len(self.train_dataset)} usable rows, fewer than "
+                f"data.rollout_batch_size={config.data.rollout_batch_size}; lower the batch size or add data"
+            )
+        return steps_per_epoch
 
     # ------------------------------------------------------------------------------------------------- loop
     def fit(self) -> list[dict[str, float]]:
@@ -306,7 +334,8 @@ class Trainer:
         (minus the KL to the reference when it is in the reward, whose controller then updates); returns the KL
         metrics."""
         algorithm, mask = self.config.algorithm, batch["response_mask"]
-        batch["token_level_scores"] = place_scores_on_last_token(rewards.scores, mask)
+        if "token_level_scores" not in batch:  # a multi-turn stage places each turn's reward itself
+            batch["token_level_scores"] = place_scores_on_last_token(rewards.scores, mask)
         batch["token_level_rewards"] = batch["token_level_scores"]
         if not self.uses_reference or algorithm.use_kl_loss:
             return {}
@@ -428,6 +457,8 @@ class Trainer:
         n = int(overrides.pop("n", 1))
         # engine settings (memory, ...) are fixed at start-up; only the sampling ones can change per call
         sampling = self.rollout.sampling({key: value for key, value in overrides.items() if key in SAMPLING_KEYS})
+        if isinstance(self.rollout, MultiTurnRollout):
+            return self.rollout.validate(self.global_step, VALIDATION_ROUND, sampling)
         size = self.config.data.val_batch_size
         size = len(self.val_dataset) if size == -1 else size
         scores, sub_scores, lengths, shown = [], defaultdict(list), [], []
@@ -501,7 +532,8 @@ class Trainer:
     def shutdown(self) -> None:
         """Stop the workers and the reward actor (the Ray cluster itself stays up)."""
         self.workers.shutdown()
-        ray.kill(self.reward_actor)
+        if self.reward_actor is not None:
+            ray.kill(self.reward_actor)
 
 
 def place_scores_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,13 @@ imported below so that ``env.name=name`` finds it.
 """
 
 from easyr1.envs.base import IMAGE_MARKER, Environment, Observation, StepResult
-from easyr1.envs.registry import ENVIRONMENTS, build_environment, environment_class, register_env
+from easyr1.envs.registry import (
+    ENVIRONMENTS,
+    build_environment,
+    check_environment,
+    environment_class,
+    register_env,
+)
 
 
 __all__ = [
@@ -16,6 +22,7 @@ __all__ = [
     "Observation",
     "StepResult",
     "build_environment",
+    "check_environment",
     "environment_class",
     "register_env",
 ]

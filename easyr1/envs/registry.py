@@ -26,3 +26,8 @@ def environment_class(name: str | None, env_class: str | None) -> type[Environme
 def build_environment(name: str | None, env_class: str | None, env_kwargs: dict[str, Any]) -> Environment:
     """A new environment instance of the configured class, built with ``env_kwargs``."""
     return environment_class(name, env_class)(**env_kwargs)
+
+
+def check_environment(name: str | None, env_class: str | None, env_kwargs: dict[str, Any]) -> None:
+    """Build one environment and close it: a bad class or keyword argument fails before any model loads."""
+    build_environment(name, env_class, env_kwargs).close()

@@ -312,13 +312,14 @@ class HybridWorker(Worker):
         self.weights_stale = False
         return time.perf_counter() - start
 
-    def generate(self, prompts: Batch, sampling: dict[str, Any]) -> Batch:
+    def generate(self, prompts: Batch, sampling: dict[str, Any], stay_awake: bool = False) -> Batch:
         """Sample one response per row (rows are already repeated ``n`` times by the driver).
 
         ``prompts['sample_seed']`` gives every row its own sampling seed, so a step can be replayed exactly.
         The members of a tensor-parallel group generate their pooled rows together; each returns its own.
         Order: wake the weights, push the actor's weights if they changed or the engine discarded them in its
-        last sleep, wake the KV cache, generate, sleep.
+        last sleep, wake the KV cache, generate, sleep. ``stay_awake`` skips the sleep: a multi-turn stage generates
+        again at once (the next turn) and calls :meth:`sleep_rollout` after its last turn.
         """
         rows, own_rows = self.tensor_parallel.gather_rows(prompts)
         self.rollout.wake_weights()
@@ -328,7 +329,8 @@ class HybridWorker(Worker):
         start = time.perf_counter()
         output = self.rollout.generate(rows, SamplingSettings(**sampling), rows["sample_seed"].tolist())
         generate_seconds = time.perf_counter() - start
-        self.rollout.sleep()
+        if not stay_awake:
+            self.rollout.sleep()
         output = output.index(own_rows)
         # this rank's own objects, not the copies the tensor-parallel pooling made: the driver recognises unchanged
         # objects and does not take them back (distributed/sample_cache.py)
@@ -337,6 +339,10 @@ class HybridWorker(Worker):
                 output[name] = values
         output.meta.update(sync_seconds=sync_seconds, generate_seconds=generate_seconds)
         return output
+
+    def sleep_rollout(self) -> None:
+        """Put the rollout engine to sleep (after generation calls made with ``stay_awake``)."""
+        self.rollout.sleep()
 
     def compute_old_log_probs(self, batch: Batch, temperature: float) -> Batch:
         """The current policy's log-probs of the sampled responses (the PPO ratio's denominator)."""
