@@ -41,6 +41,7 @@ from easyr1.distributed import WorkerGroup
 from easyr1.distributed.balance import balanced_order
 from easyr1.distributed.placement import resolve_device
 from easyr1.distributed.worker import pick_backend
+from easyr1.envs import check_environment
 from easyr1.errors import UserError
 from easyr1.logging import build_trackers
 from easyr1.logging.perf import memory_metrics
@@ -49,7 +50,6 @@ from easyr1.logging.timing import timed
 from easyr1.models.loading import load_model_config, load_tokenizer_and_processor
 from easyr1.on_policy import reuses_update_log_probs
 from easyr1.protocol import Batch
-from easyr1.envs import check_environment
 from easyr1.stages.multi_turn import EpisodeSeeds, MultiTurnRollout
 from easyr1.stages.rollout import SAMPLING_KEYS, SingleTurnRollout
 from easyr1.workers.actor import ACTOR_FIELDS
@@ -114,15 +114,19 @@ class Trainer:
             config=to_dict(config),
         )
 
-        self.reward_actor = None if config.env.enabled else RewardActor.options(
-            num_cpus=config.worker.reward.num_cpus,
-            # the driver's node, where the reward file was found; another node may not have it (soft: if this
-            # node has no CPU free, any node will do)
-            scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True),
-        ).remote(
-            config.worker.reward.reward_function,
-            config.worker.reward.reward_function_kwargs,
-            config.worker.reward.reward_type,
+        self.reward_actor = (
+            None
+            if config.env.enabled
+            else RewardActor.options(
+                num_cpus=config.worker.reward.num_cpus,
+                # the driver's node, where the reward file was found; another node may not have it (soft: if this
+                # node has no CPU free, any node will do)
+                scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True),
+            ).remote(
+                config.worker.reward.reward_function,
+                config.worker.reward.reward_function_kwargs,
+                config.worker.reward.reward_type,
+            )
         )
         num_workers = config.trainer.nnodes * config.trainer.n_gpus_per_node
         # the cluster's resources decide `auto`, not the driver's: the driver may sit on a GPU-less head node
