@@ -88,7 +88,7 @@ class Turn:
     reward: float
     action_valid: bool
     tokens: int
-    images: int  # images of the observation that followed (0 after the last turn)
+    observation_images: int  # images of the observation the model saw before this turn (the trajectory's, in order)
 
 
 @dataclass
@@ -108,6 +108,7 @@ class Episode:
     log_probs: list[float] = field(default_factory=list)  # over ids[prompt_length:]
     turn_ids: list[int] = field(default_factory=list)  # over ids[prompt_length:]
     turns: list[Turn] = field(default_factory=list)
+    last_observation_images: int = 0
     done: bool = False
     success: bool = False
     truncated: bool = False
@@ -122,6 +123,7 @@ class Episode:
         self.raw_ids += piece.raw_ids
         self.ids += piece.ids
         self.images += piece.images
+        self.last_observation_images = len(piece.images)
         if piece.vision:
             self.vision.append(piece.vision)
         self.loss_mask += [0] * len(piece.ids)
@@ -233,7 +235,9 @@ class MultiTurnRollout:
             )
         vision = [piece.vision] if piece.vision else []
         raw_ids, ids = list(piece.raw_ids), list(piece.ids)
-        return Episode(seed, uid, env, raw_ids, ids, len(ids), len(raw_ids), piece.images, vision)
+        episode = Episode(seed, uid, env, raw_ids, ids, len(ids), len(raw_ids), piece.images, vision)
+        episode.last_observation_images = len(piece.images)
+        return episode
 
     def _play_turn(self, episode: Episode, outputs: Batch, row: int, turn: int, budget: int, per_turn: int) -> None:
         """Append the model's turn, step the environment with its text, append the next observation (or end)."""
@@ -253,8 +257,9 @@ class MultiTurnRollout:
         if not valid:
             reward += self.env.format_penalty
         episode.success = episode.success or bool(info.get("success", False))
-        record = Turn(text, info.get("action"), reward, valid, len(response), 0)
-        episode.turns.append(record)
+        episode.turns.append(
+            Turn(text, info.get("action"), reward, valid, len(response), episode.last_observation_images)
+        )
         if done or turn + 1 == self.env.max_turns:
             episode.done = True
             return
@@ -264,7 +269,6 @@ class MultiTurnRollout:
             episode.done = episode.truncated = True  # the observation and another turn would not fit
             return
         episode.append(piece)
-        record.images = len(piece.images)
 
     def _generate(self, live: list[Episode], row_seeds: list[int], sampling: dict[str, Any]) -> Batch:
         """One turn for every live episode on the workers (rows repeated up to a multiple of the worker count)."""
