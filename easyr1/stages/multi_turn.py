@@ -214,7 +214,7 @@ class MultiTurnRollout:
                 for row, episode in enumerate(live):
                     self._play_turn(episode, outputs, row, turn, budget, per_turn)
         finally:
-            self.workers.run_all("sleep_rollout")
+            self._sleep_engines()
             for episode in episodes:
                 episode.env.close()
         return episodes
@@ -280,6 +280,9 @@ class MultiTurnRollout:
         # the engines stay awake between turns (on GPU a sleep would discard the weights, and each turn resync them)
         output = self.workers.run_split("generate", batch, sampling, stay_awake=True)
         return output.index(list(range(size)))
+
+    def _sleep_engines(self) -> None:
+        self.workers.run_all("sleep_rollout")
 
     def _turn_prompts(self, live: list[Episode]) -> Batch:
         """The live episodes' trajectories so far as prompts, left-padded to the longest."""
