@@ -29,6 +29,7 @@ from easyr1.algorithms import (
     estimator_needs,
     kl_in_reward,
     masked_mean,
+    place_scores_on_last_token,
     rollout_correction_weights,
     rollout_mismatch_metrics,
 )
@@ -502,14 +503,6 @@ class Trainer:
         """Stop the workers and the reward actor (the Ray cluster itself stays up)."""
         self.workers.shutdown()
         ray.kill(self.reward_actor)
-
-
-def place_scores_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """(B,) sequence scores -> (B, R) token rewards with the score on each response's last valid token."""
-    token_rewards = torch.zeros(response_mask.shape, dtype=torch.float32)
-    last = (response_mask.sum(dim=-1) - 1).clamp(min=0)
-    token_rewards[torch.arange(len(scores)), last] = scores.float()
-    return token_rewards
 
 
 def prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:
