@@ -332,8 +332,10 @@ class Trainer:
             index=batch["uid"],
             gamma=algorithm.gamma,
             lam=algorithm.lam,
+            turn_gamma=algorithm.turn_gamma,
+            turn_lam=algorithm.turn_lam,
             norm_adv_by_std=algorithm.norm_adv_by_std,
-            **{key: batch[key] for key in ("values", "reward_baselines") if key in batch},
+            **{key: batch[key] for key in ("values", "reward_baselines", "turn_ids") if key in batch},
         )
 
     def _update(

@@ -357,6 +357,9 @@ def test_every_estimator_accepts_the_trainer_inputs_and_respects_the_mask(name: 
         "norm_adv_by_std": True,
         "values": torch.randn(batch, length, generator=generator),
         "reward_baselines": torch.rand(batch, generator=generator),
+        "turn_ids": torch.where(mask.bool(), 0, -1),  # one turn per sample
+        "turn_gamma": 0.9,
+        "turn_lam": 0.8,
     }
     advantages, returns = compute_advantages(name, **inputs)
     assert advantages.shape == returns.shape == (batch, length)
@@ -385,3 +388,4 @@ def test_each_estimator_declares_the_inputs_its_signature_asks_for():
         needs = estimator_needs(name)
         assert needs.critic == ("values" in parameters), name
         assert needs.greedy_baseline == ("reward_baselines" in parameters), name
+        assert needs.turn_ids == ("turn_ids" in parameters), name

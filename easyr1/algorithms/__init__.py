@@ -59,6 +59,7 @@ from easyr1.algorithms.rollout_correction import (
     rollout_correction_weights,
     rollout_mismatch_metrics,
 )
+from easyr1.algorithms.turn_advantage import compute_turn_gae_advantages
 
 
 __all__ = [
@@ -93,6 +94,7 @@ __all__ = [
     "EstimatorNeeds",
     "estimator_needs",
     "compute_rloo_advantages",
+    "compute_turn_gae_advantages",
     "count_normalizers",
     "entropy_from_logits",
     "filter_groups",

@@ -33,11 +33,14 @@ class EstimatorNeeds:
         critic: values from a critic model (the critic is built and trained).
         greedy_baseline: each prompt's greedy response's score as ``reward_baselines`` (one extra generation round).
         min_group_size: fewest samples per prompt (``worker.rollout.n``) the estimator can compare.
+        turn_ids: each token's turn index as ``turn_ids``, which only a multi-turn rollout (the ``env`` section)
+            gives.
     """
 
     critic: bool = False
     greedy_baseline: bool = False
     min_group_size: int = 1
+    turn_ids: bool = False
 
 
 def register_adv_estimator(
