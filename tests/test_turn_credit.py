@@ -352,11 +352,11 @@ def test_turn_discounts_must_be_in_the_unit_interval(key) -> None:
 def test_turn_gae_sums_a_turns_token_rewards_into_its_turn_reward_and_ignores_environment_tokens() -> None:
     # An in-reward KL puts a reward on every model token: turn_gae counts it in the turn's reward (so it reaches the
     # turn level), and rewards on environment tokens or padding count nowhere.
-    spread = TWO_ROW_REWARDS.clone()
+    spread = TWO_ROW_REWARDS.double()
     spread[0, 0], spread[0, 2] = 0.2, 0.3  # turn 0 of row 0: 0.2 + 0.3 = its 0.5
     spread[1, 7], spread[1, 8], spread[1, 9] = -0.5, 0.5, 2.0  # turn 2 of row 1: still 2.0
     spread[0, 3], spread[1, 6] = 7.0, -7.0  # environment tokens
     args = (TWO_ROW_MASK, TWO_ROW_VALUES, TWO_ROW_TURNS, GAMMA, LAM, TURN_GAMMA, TURN_LAM)
     expected = compute_turn_gae_advantages(TWO_ROW_REWARDS.double(), *args)
-    for got, want in zip(compute_turn_gae_advantages(spread.double(), *args), expected):
+    for got, want in zip(compute_turn_gae_advantages(spread, *args), expected):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
