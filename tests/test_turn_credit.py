@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from easyr1.algorithms import (
+    ADV_ESTIMATORS,
     compute_advantages,
     compute_gae_advantages,
     compute_grpo_advantages,
@@ -360,3 +361,34 @@ def test_turn_gae_sums_a_turns_token_rewards_into_its_turn_reward_and_ignores_en
     expected = compute_turn_gae_advantages(TWO_ROW_REWARDS.double(), *args)
     for got, want in zip(compute_turn_gae_advantages(spread, *args), expected):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_turn_gae_takes_a_skipped_turn_index_as_no_turn() -> None:
+    # Turn indices 0 and 2 (no token of turn 1, e.g. a turn cut to nothing) are two consecutive turns.
+    skipped = torch.where(TWO_ROW_TURNS == 2, 3, torch.where(TWO_ROW_TURNS == 1, 2, TWO_ROW_TURNS))
+    args = (GAMMA, LAM, TURN_GAMMA, TURN_LAM)
+    expected = compute_turn_gae_advantages(TWO_ROW_REWARDS, TWO_ROW_MASK, TWO_ROW_VALUES, TWO_ROW_TURNS, *args)
+    actual = compute_turn_gae_advantages(TWO_ROW_REWARDS, TWO_ROW_MASK, TWO_ROW_VALUES, skipped, *args)
+    for got, want in zip(actual, expected):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ADV_ESTIMATORS.names())
+def test_every_estimator_leaves_environment_tokens_exactly_zero(name: str) -> None:
+    inputs = {
+        "token_level_rewards": episode_rewards(),
+        "response_mask": MASK,
+        "index": UIDS,
+        "values": torch.linspace(-1.0, 1.0, MASK.numel()).reshape(MASK.shape),
+        "reward_baselines": torch.tensor([0.5, 0.5, 1.0, 1.0]),
+        "turn_ids": TURN_IDS,
+        "gamma": GAMMA,
+        "lam": LAM,
+        "turn_gamma": TURN_GAMMA,
+        "turn_lam": TURN_LAM,
+        "norm_adv_by_std": True,
+    }
+    advantages, returns = compute_advantages(name, **inputs)
+    outside = MASK == 0
+    assert torch.all(advantages[outside] == 0) and torch.all(returns[outside] == 0)
+    assert torch.any(advantages[~outside] != 0)
