@@ -34,9 +34,13 @@ def _check_turn_ids(turn_ids: torch.Tensor, valid: torch.Tensor) -> None:
             f"response_mask is 1 at row {row}, position {position} but turn_ids is {int(turn_ids[row, position])}: "
             "every model token needs its turn index (>= 0)"
         )
+    if turn_ids.shape[1] == 0:
+        return
     ids = torch.where(valid, turn_ids.long(), torch.full_like(turn_ids, -1, dtype=torch.long))
-    if ids.shape[1] and (valid & (ids < ids.cummax(dim=1).values)).any():
-        row = int((valid & (ids < ids.cummax(dim=1).values)).any(dim=1).nonzero()[0])
+    # A model token whose turn index is below an earlier token's belongs to a turn that already ended.
+    out_of_order = valid & (ids < ids.cummax(dim=1).values)
+    if out_of_order.any():
+        row = int(out_of_order.any(dim=1).nonzero()[0])
         raise ValueError(f"turn_ids of row {row} decrease along the sequence: each turn must follow the earlier ones")
 
 
