@@ -100,11 +100,22 @@ def test_turn_rewards_go_on_each_turns_last_token() -> None:
     torch.testing.assert_close(rewards, expected, rtol=0, atol=0)
 
 
+def test_the_reward_of_a_turn_without_tokens_joins_the_turn_before() -> None:
+    # Row 0: turn 1 is empty (an immediate end of message), turn 3 too. Row 1: its first turn is empty.
+    turn_ids = torch.tensor([[0, 0, -1, -1, 2, 2, -1, -1], [-1, -1, 1, 1, -1, -1, -1, -1]])
+    rewards = place_turn_rewards([[1.0, 0.25, 2.0, 0.5], [3.0, 4.0]], turn_ids)
+    expected = torch.zeros(2, 8)
+    expected[0, 1] = 1.0 + 0.25  # turn 0's last token also takes empty turn 1's reward
+    expected[0, 5] = 2.0 + 0.5  # and turn 2's the one of empty turn 3 after it
+    expected[1, 0] = 3.0  # no earlier turn: position 0, as for a row without model tokens
+    expected[1, 3] = 4.0
+    torch.testing.assert_close(rewards, expected, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(
     ("turn_rewards", "turn_ids", "message"),
     [
         ([[1.0]], torch.tensor([[0, 0, -1, 1]]), "row 0 has tokens of turn 1 but only 1 turn rewards"),
-        ([[1.0, 2.0, 3.0]], torch.tensor([[0, -1, 1, 1]]), "row 0 has a reward for turn 2 but no token"),
         ([[1.0], [2.0]], torch.tensor([[0, 0]]), "turn_rewards has 2 rows but turn_ids has 1"),
     ],
 )

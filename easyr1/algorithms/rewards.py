@@ -59,16 +59,19 @@ def turn_last_positions(turn_ids: torch.Tensor, num_turns: int) -> torch.Tensor:
 def place_turn_rewards(turn_rewards: Sequence[Sequence[float]], turn_ids: torch.Tensor) -> torch.Tensor:
     """Per-turn rewards -> (B, T) float32 token rewards: reward ``k`` of row ``b`` on the last token of turn ``k``.
 
+    A turn without tokens (the model ended its message at once) has no token of its own: its reward is added on
+    the last token of the latest earlier turn (position 0 when there is none), so it stays with the turns that led
+    to it and the row's sum is still the episode's return.
+
     Args:
         turn_rewards: for each of the B rows, the reward of each of its turns, in turn order.
         turn_ids: (B, T) long, the turn index on every model token, -1 on environment tokens and padding.
 
     Returns:
-        (B, T) float32, 0 everywhere but on each turn's last token.
+        (B, T) float32, 0 everywhere but on the turns' last tokens.
 
     Raises:
-        ValueError: when the rows disagree in number, or a row's turns in ``turn_ids`` are not exactly
-            ``0 .. len(turn_rewards[b]) - 1`` (a reward without tokens, or a turn without a reward).
+        ValueError: when the rows disagree in number, or a row has tokens of a turn it has no reward for.
     """
     if turn_ids.dim() != 2:
         raise ValueError(f"turn_ids has shape {tuple(turn_ids.shape)}, expected (B, T)")
@@ -83,17 +86,18 @@ def place_turn_rewards(turn_rewards: Sequence[Sequence[float]], turn_ids: torch.
         raise ValueError(
             f"row {row} has tokens of turn {int(turn_ids[row].max())} but only {len(turn_rewards[row])} turn rewards"
         )
+    token_rewards = torch.zeros(turn_ids.shape, dtype=torch.float32, device=turn_ids.device)
+    if num_turns == 0:
+        return token_rewards
     last = turn_last_positions(turn_ids, num_turns)
+    # An empty turn falls back to the last token of the turns before it: the running maximum of their last tokens.
+    positions = torch.where(last >= 0, last, last.cummax(dim=1).values.clamp(min=0))
     rewards = torch.zeros((batch, num_turns), dtype=torch.float32, device=turn_ids.device)
     has_reward = torch.zeros((batch, num_turns), dtype=torch.bool, device=turn_ids.device)
     for row, row_rewards in enumerate(turn_rewards):
         rewards[row, : len(row_rewards)] = torch.tensor([float(r) for r in row_rewards], dtype=torch.float32)
         has_reward[row, : len(row_rewards)] = True
-    missing = has_reward & (last < 0)
-    if missing.any():
-        row, turn = (int(i) for i in missing.nonzero()[0])
-        raise ValueError(f"row {row} has a reward for turn {turn} but no token with turn id {turn} in turn_ids")
-    token_rewards = torch.zeros(turn_ids.shape, dtype=torch.float32, device=turn_ids.device)
     rows, turns = has_reward.nonzero(as_tuple=True)
-    token_rewards[rows, last[rows, turns]] = rewards[rows, turns]
+    # accumulate: an empty turn's reward joins the reward already on its fallback token
+    token_rewards.index_put_((rows, positions[rows, turns]), rewards[rows, turns], accumulate=True)
     return token_rewards
