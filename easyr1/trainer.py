@@ -29,6 +29,7 @@ from easyr1.algorithms import (
     estimator_needs,
     kl_in_reward,
     masked_mean,
+    place_scores_on_last_token,
     rollout_correction_weights,
     rollout_mismatch_metrics,
 )
@@ -364,8 +365,10 @@ class Trainer:
             index=batch["uid"],
             gamma=algorithm.gamma,
             lam=algorithm.lam,
+            turn_gamma=algorithm.turn_gamma,
+            turn_lam=algorithm.turn_lam,
             norm_adv_by_std=algorithm.norm_adv_by_std,
-            **{key: batch[key] for key in ("values", "reward_baselines") if key in batch},
+            **{key: batch[key] for key in ("values", "reward_baselines", "turn_ids") if key in batch},
         )
 
     def _update(
@@ -538,14 +541,6 @@ class Trainer:
         self.workers.shutdown()
         if self.reward_actor is not None:
             ray.kill(self.reward_actor)
-
-
-def place_scores_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """(B,) sequence scores -> (B, R) token rewards with the score on each response's last valid token."""
-    token_rewards = torch.zeros(response_mask.shape, dtype=torch.float32)
-    last = (response_mask.sum(dim=-1) - 1).clamp(min=0)
-    token_rewards[torch.arange(len(scores)), last] = scores.float()
-    return token_rewards
 
 
 def prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:

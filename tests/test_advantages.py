@@ -189,15 +189,16 @@ def test_rloo_is_rescaled_group_centring_and_zero_for_equal_scores() -> None:
 
 
 def discounted_returns_reference(rewards: list[list[float]], mask: list[list[int]], gamma: float) -> list[list[float]]:
-    """G_t = r_t + gamma * G_{t+1}, the sum cut after a masked token; 0 on masked tokens."""
+    """G_t = r_t + gamma * G_next over the valid tokens only (masked ones skipped, their rewards ignored); 0 on
+    masked tokens."""
     result = []
     for row, m_row in zip(rewards, mask):
         returns = [0.0] * len(row)
         following = 0.0
         for t in reversed(range(len(row))):
-            value = row[t] + gamma * following
-            returns[t] = value if m_row[t] else 0.0
-            following = value if m_row[t] else 0.0
+            if m_row[t]:
+                following = row[t] + gamma * following
+                returns[t] = following
         result.append(returns)
     return result
 
@@ -208,7 +209,7 @@ def test_reinforce_plus_plus_matches_reference(batch: int, length: int, gamma: f
     generator = torch.Generator().manual_seed(batch * 3 + length)
     mask = random_mask(batch, length, generator)
     if length > 2:
-        mask[0, 1] = 0  # a hole inside a response (e.g. an observation token)
+        mask[0, 1] = 0  # a hole inside a response (e.g. an observation token): skipped, not a boundary
     # dense token rewards (e.g. a KL penalty on every token), also under the mask, where they must not leak in
     rewards = torch.randn(batch, length, generator=generator, dtype=torch.float64)
     advantages, returns = compute_reinforce_plus_plus_advantages(rewards, mask, gamma=gamma)
@@ -356,6 +357,9 @@ def test_every_estimator_accepts_the_trainer_inputs_and_respects_the_mask(name: 
         "norm_adv_by_std": True,
         "values": torch.randn(batch, length, generator=generator),
         "reward_baselines": torch.rand(batch, generator=generator),
+        "turn_ids": torch.where(mask.bool(), 0, -1),  # one turn per sample
+        "turn_gamma": 0.9,
+        "turn_lam": 0.8,
     }
     advantages, returns = compute_advantages(name, **inputs)
     assert advantages.shape == returns.shape == (batch, length)
@@ -384,3 +388,4 @@ def test_each_estimator_declares_the_inputs_its_signature_asks_for():
         needs = estimator_needs(name)
         assert needs.critic == ("values" in parameters), name
         assert needs.greedy_baseline == ("reward_baselines" in parameters), name
+        assert needs.turn_ids == ("turn_ids" in parameters), name

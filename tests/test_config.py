@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from easyr1.algorithms import ADV_ESTIMATORS, KL_CONTROLLERS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+from easyr1.algorithms import (
+    ADV_ESTIMATORS,
+    KL_CONTROLLERS,
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
+    estimator_needs,
+)
 from easyr1.config import (
     PPOConfig,
     check_against_model,
@@ -18,6 +25,8 @@ from easyr1.config import (
     to_dict,
     to_yaml,
 )
+from easyr1.envs.base import Environment
+from easyr1.envs.registry import ENVIRONMENTS
 from easyr1.errors import ConfigError, UserError
 from easyr1.workers.reward import REWARD_TYPES
 from easyr1.workers.rollout.engines import ROLLOUT_ENGINES
@@ -753,8 +762,13 @@ REGISTERED_NAMES = [
 @pytest.mark.parametrize(
     ("key", "name"), [(key, name) for key, names in REGISTERED_NAMES for name in names], ids=lambda item: str(item)
 )
-def test_every_registered_name_is_accepted(key, name):
-    config = load_config([*SMALL, f"{key}={name}"])
+def test_every_registered_name_is_accepted(key, name, monkeypatch):
+    extra = []
+    if key == "algorithm.adv_estimator" and estimator_needs(name).turn_ids:  # a multi-turn estimator needs an env
+        monkeypatch.setitem(ENVIRONMENTS._entries, "config_test_env", Environment)
+        monkeypatch.setitem(ENVIRONMENTS._traits, "config_test_env", None)
+        extra = ["env.name=config_test_env"]
+    config = load_config([*SMALL, f"{key}={name}", *extra])
     section, _, field_name = key.rpartition(".")
     value = config
     for part in section.split("."):

@@ -1,4 +1,5 @@
-"""Pure-torch RL algorithm pieces: advantage estimators, policy losses, KL, loss aggregation, filtering.
+"""Pure-torch RL algorithm pieces: reward placement, advantage estimators, policy losses, KL, loss aggregation,
+filtering.
 
 Nothing here knows about Ray, vLLM or FSDP; every function takes tensors and returns tensors, so each can be
 tested against a plain-python reference. Variants are looked up by name in registries (see ``registry.py``).
@@ -52,11 +53,13 @@ from easyr1.algorithms.policy_loss import (
     register_policy_loss,
 )
 from easyr1.algorithms.registry import Registry
+from easyr1.algorithms.rewards import place_scores_on_last_token, place_turn_rewards
 from easyr1.algorithms.rollout_correction import (
     ROLLOUT_CORRECTIONS,
     rollout_correction_weights,
     rollout_mismatch_metrics,
 )
+from easyr1.algorithms.turn_advantage import compute_turn_gae_advantages
 
 
 __all__ = [
@@ -91,6 +94,7 @@ __all__ = [
     "EstimatorNeeds",
     "estimator_needs",
     "compute_rloo_advantages",
+    "compute_turn_gae_advantages",
     "count_normalizers",
     "entropy_from_logits",
     "filter_groups",
@@ -101,6 +105,8 @@ __all__ = [
     "log_probs_from_logits",
     "masked_mean",
     "masked_whiten",
+    "place_scores_on_last_token",
+    "place_turn_rewards",
     "register_adv_estimator",
     "register_kl_estimator",
     "register_loss_aggregation",

@@ -33,11 +33,14 @@ class EstimatorNeeds:
         critic: values from a critic model (the critic is built and trained).
         greedy_baseline: each prompt's greedy response's score as ``reward_baselines`` (one extra generation round).
         min_group_size: fewest samples per prompt (``worker.rollout.n``) the estimator can compare.
+        turn_ids: each token's turn index as ``turn_ids``, which only a multi-turn rollout (the ``env`` section)
+            gives.
     """
 
     critic: bool = False
     greedy_baseline: bool = False
     min_group_size: int = 1
+    turn_ids: bool = False
 
 
 def register_adv_estimator(
@@ -306,10 +309,14 @@ def compute_reinforce_plus_plus_advantages(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: discounted returns, whitened over every valid token of the batch (no critic, no groups).
 
-    ``G_t = r_t + gamma * m_{t+1} * G_{t+1}`` backwards from the last position, where the mask ``m`` cuts the sum at
-    masked tokens (EasyR1/verl "reset after EOS"); then ``A = whiten(G)`` with the batch mean and unbiased std over
+    ``G_t = r_t + gamma * G_next`` backwards over the valid tokens ``t`` of each row, where ``G_next`` is the return
+    of the next *valid* token (0 past the last one): masked tokens are skipped and their rewards ignored, so in a
+    multi-turn trajectory an earlier turn's tokens see the rewards of the later turns across the environment's
+    tokens, and ``gamma`` counts model tokens only. Then ``A = whiten(G)`` with the batch mean and unbiased std over
     valid tokens (:func:`masked_whiten`). Hu et al. 2025, "REINFORCE++", arXiv:2501.03262. KL-in-reward, if any,
-    is already part of ``token_level_rewards``.
+    is already part of ``token_level_rewards``. On a contiguous (right-padded) mask this is EasyR1's and verl's
+    "reset after EOS"; on a mask with gaps they cut the sum at each gap instead, which would hide a later turn's
+    reward from the earlier turns.
 
     Args:
         token_level_rewards: (B, T) per-token rewards.
@@ -322,12 +329,12 @@ def compute_reinforce_plus_plus_advantages(
     _check_token_inputs(response_mask, token_level_rewards=token_level_rewards)
     rewards = token_level_rewards.detach().to(torch.float64)
     mask = response_mask.to(torch.float64)
+    valid = response_mask.bool()
     returns = torch.zeros_like(rewards)
     running = torch.zeros_like(rewards[:, 0])
     for t in reversed(range(rewards.shape[1])):
-        running = rewards[:, t] + gamma * running
+        running = torch.where(valid[:, t], rewards[:, t] + gamma * running, running)
         returns[:, t] = running
-        running = running * mask[:, t]
     dtype = _output_dtype(token_level_rewards)
     return masked_whiten(returns, response_mask).to(dtype), (returns * mask).to(dtype)
 

@@ -20,8 +20,10 @@ from easyr1.config.rules import NON_NEGATIVE, POSITIVE, UNIT, one_of
 class AlgorithmConfig:
     """The RL algorithm: advantage estimator, KL regularisation and online filtering."""
 
-    gamma: float = option(1.0, "discount factor (gae, reinforce_plus_plus)")
+    gamma: float = option(1.0, "discount factor (gae, reinforce_plus_plus; inside a turn for turn_gae)")
     lam: float = option(1.0, "lambda of GAE")
+    turn_gamma: float = option(1.0, "discount from one turn of an episode to the next (turn_gae, multi-turn runs)")
+    turn_lam: float = option(1.0, "GAE lambda over an episode's turns (turn_gae, multi-turn runs)")
     adv_estimator: str = option("grpo", f"advantage estimator: {', '.join(ADV_ESTIMATORS.names())}")
     disable_kl: bool = option(False, "no reference model and no KL term at all (wins over use_kl_loss)")
     use_kl_loss: bool = option(False, "put the KL in the policy loss (true) or subtract it from the reward (false)")
@@ -47,6 +49,8 @@ class AlgorithmConfig:
 ALGORITHM_RANGES = {
     "gamma": UNIT,
     "lam": UNIT,
+    "turn_gamma": UNIT,
+    "turn_lam": UNIT,
     "kl_coef": NON_NEGATIVE,
     "kl_horizon": POSITIVE,
     "kl_target": POSITIVE,

@@ -16,6 +16,7 @@ from easyr1.algorithms.advantage import ADV_ESTIMATORS, EstimatorNeeds, estimato
 from easyr1.config.actor import ActorConfig, CriticConfig, ModelConfig
 from easyr1.config.algorithm import AlgorithmConfig
 from easyr1.config.data import DataConfig
+from easyr1.config.env import EnvConfig
 from easyr1.config.rollout import RolloutConfig
 from easyr1.config.trainer import TrainerConfig
 from easyr1.errors import ConfigError
@@ -164,6 +165,15 @@ def check_sizes(
         problems.append(
             f"algorithm.adv_estimator={estimator} compares responses to the same prompt and "
             f"needs worker.rollout.n >= {needs.min_group_size} (got {n})"
+        )
+
+
+def check_estimator_env(algorithm: AlgorithmConfig, env: EnvConfig, problems: list[str]) -> None:
+    """An estimator that reads each token's turn (``turn_gae``) needs a multi-turn run: the ``env`` section."""
+    if _estimator_needs(algorithm.adv_estimator).turn_ids and not env.enabled:
+        problems.append(
+            f"algorithm.adv_estimator={algorithm.adv_estimator} assigns credit over an episode's turns and needs a "
+            "multi-turn run: set env.name or env.env_class (the env section), or use algorithm.adv_estimator=gae"
         )
 
 

@@ -24,7 +24,7 @@ from easyr1.config.actor import (
     resolve_loss_aliases,
 )
 from easyr1.config.algorithm import ALGORITHM_RANGES, AlgorithmConfig, check_algorithm_names, check_algorithm_pairs
-from easyr1.config.checks import check_sizes, model_problems, read_model_config
+from easyr1.config.checks import check_estimator_env, check_sizes, model_problems, read_model_config
 from easyr1.config.data import DATA_RANGES, DataConfig, check_data_pairs
 from easyr1.config.env import ENV_RANGES, EnvConfig, check_env_names
 from easyr1.config.fields import get_key, iter_fields, mirror_source, section, set_key
@@ -165,6 +165,7 @@ def validation_problems(config: PPOConfig, num_workers: int | None) -> list[str]
     check_val_override(worker.rollout, problems)
     if config.env.enabled:
         check_env_names(config.env, problems)
+    check_estimator_env(config.algorithm, config.env, problems)
     check_sizes(
         config.data,
         config.algorithm,
