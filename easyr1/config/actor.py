@@ -192,7 +192,7 @@ class RefConfig:
 
 @dataclass
 class CriticConfig:
-    """The value model of PPO with GAE; built only when algorithm.adv_estimator=gae."""
+    """The value model of PPO; built only for estimators that need a critic (algorithm.adv_estimator=gae, turn_gae)."""
 
     strategy: str = option(
         "fsdp", f"training backend: {', '.join(STRATEGIES)} (the only one)", compatibility_only=True

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from easyr1.algorithms import place_turn_rewards
 from easyr1.config import PPOConfig
 from easyr1.data.vision import vision_bounds
 from easyr1.distributed import WorkerGroup
@@ -322,7 +323,6 @@ class MultiTurnRollout:
         response_mask = torch.zeros((size, response_length), dtype=torch.long)
         rollout_log_probs = torch.zeros((size, response_length), dtype=torch.float32)
         turn_ids = torch.full((size, response_length), -1, dtype=torch.long)
-        token_level_scores = torch.zeros((size, response_length), dtype=torch.float32)
         for row, episode in enumerate(episodes):
             first, rest = episode.ids[: episode.prompt_length], episode.ids[episode.prompt_length :]
             prompts[row, prompt_length - len(first) :] = torch.tensor(first)
@@ -332,12 +332,8 @@ class MultiTurnRollout:
             response_mask[row, : len(rest)] = torch.tensor(episode.loss_mask, dtype=torch.long)
             rollout_log_probs[row, : len(rest)] = torch.tensor(episode.log_probs, dtype=torch.float32)
             turn_ids[row, : len(rest)] = torch.tensor(episode.turn_ids, dtype=torch.long)
-            for turn, record in enumerate(episode.turns):
-                last = int((turn_ids[row] == turn).nonzero().max()) if record.tokens else None
-                if last is None:  # an empty turn (an immediate end-of-message): its reward goes on the turn before
-                    earlier = (turn_ids[row] >= 0).nonzero()
-                    last = int(earlier.max()) if len(earlier) else 0
-                token_level_scores[row, last] += record.reward
+        turn_rewards = [[turn.reward for turn in episode.turns] for episode in episodes]
+        token_level_scores = place_turn_rewards(turn_rewards, turn_ids)
         input_ids = torch.cat([prompts, responses], dim=-1)
         attention_mask = torch.cat([prompt_mask, response_valid], dim=-1)
         vision = [episode.merged_vision() for episode in episodes]

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from easyr1.algorithms import compute_advantages, rollout_mismatch_metrics
+from easyr1.algorithms import compute_advantages, place_scores_on_last_token, rollout_mismatch_metrics
 from easyr1.config import PPOConfig, load_config
 from easyr1.data import RLDataset, collate_fn
 from easyr1.distributed.fsdp import full_tensor
@@ -65,14 +65,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def place_scores_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """(B,) scores -> (B, R) rewards on each response's last valid token (as the trainer does)."""
-    rewards = torch.zeros(response_mask.shape, dtype=torch.float32)
-    last = (response_mask.sum(dim=-1) - 1).clamp(min=0)
-    rewards[torch.arange(len(scores)), last] = scores.float()
-    return rewards
 
 
 @dataclass
