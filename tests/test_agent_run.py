@@ -20,9 +20,9 @@ def ray_cluster():
     ray.shutdown()
 
 
-def agent_run(model_dir, data_dir, run_dir, engine: str) -> tuple[list[dict[str, float]], list[dict]]:
-    """Two GRPO steps of 4 seeds x 4 episodes, 3 turns each, validation after the last; returns the metrics and
-    the last step's episode records."""
+def agent_run(model_dir, data_dir, run_dir, engine: str, estimator: str) -> tuple[list[dict[str, float]], list[dict]]:
+    """Two steps of 4 seeds x 4 episodes, 3 turns each, validation after the last; returns the metrics and the last
+    step's episode records."""
     from easyr1.trainer import Trainer
 
     ENVIRONMENTS.register("test_colour")(ColourEnv)
@@ -37,6 +37,7 @@ def agent_run(model_dir, data_dir, run_dir, engine: str) -> tuple[list[dict[str,
         "data.max_response_length=96",
         "worker.rollout.max_model_len=160",
         f"worker.rollout.name={engine}",
+        f"algorithm.adv_estimator={estimator}",
         "data.rollout_batch_size=4",
         "worker.actor.global_batch_size=4",
         "worker.rollout.n=4",
@@ -63,9 +64,10 @@ def agent_run(model_dir, data_dir, run_dir, engine: str) -> tuple[list[dict[str,
         trainer.shutdown()
 
 
-@pytest.mark.parametrize("engine", ["vllm", "hf"])
-def test_two_agent_steps_with_images_on_every_turn(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path, engine):
-    history, episodes = agent_run(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path / "run", engine)
+# GRPO on vLLM; the turn-level GAE (with its critic) on the HF engine
+@pytest.mark.parametrize("engine, estimator", [("vllm", "grpo"), ("hf", "turn_gae")])
+def test_two_agent_steps_with_images_on_every_turn(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path, engine, estimator):
+    history, episodes = agent_run(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path / "run", engine, estimator)
     assert len(history) == 2
     for step in history:
         assert step["batch/samples"] == 16
@@ -75,5 +77,7 @@ def test_two_agent_steps_with_images_on_every_turn(tiny_qwen2_5_vl_dir, tiny_dat
     # several turns, each after an observation with its image
     long_ones = [episode for episode in episodes if len(episode["turns"]) >= 2]
     assert long_ones and all(turn["observation_images"] == 1 for e in long_ones for turn in e["turns"])
+    if estimator == "turn_gae":  # the critic was trained on the trajectories
+        assert all("critic/vf_loss" in step for step in history)
     if engine == "vllm":  # the engine's log-probs are the actor's, image turns included (fp32)
         assert max(step["rollout/log_prob_gap_max"] for step in history) < 1e-3
