@@ -17,13 +17,9 @@ Any deviation becomes a :class:`~easyr1.errors.RewardError` that names the sampl
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import inspect
 import math
 import os
-import re
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -33,6 +29,7 @@ import torch
 
 from easyr1.errors import RewardError
 from easyr1.protocol import Batch
+from easyr1.user_code import import_user_file, names_defined_in
 
 
 REWARD_TYPES = ("batch", "sequential")
@@ -81,41 +78,14 @@ def parse_reward_spec(spec: str) -> tuple[str, str]:
     return path, function_name
 
 
-def _module_name_for(path: str) -> str:
-    # Unique per file, so two reward files both called math.py do not replace each other (or the stdlib math).
-    stem = re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
-    digest = hashlib.sha1(path.encode()).hexdigest()[:10]
-    return f"easyr1_reward_{stem}_{digest}"
-
-
 def _import_file(path: str) -> ModuleType:
-    module_name = _module_name_for(path)
-    module_spec = importlib.util.spec_from_file_location(module_name, path)
-    if module_spec is None or module_spec.loader is None:
-        raise RewardError(f"`{SPEC_KEY}`: cannot import {path!r} as python code; point it at a .py file")
-    module = importlib.util.module_from_spec(module_spec)
-    # The file's directory goes on sys.path so that it can import helper modules that sit next to it. Appended,
-    # not prepended: reward files named like the stdlib (math.py) must not shadow it for the rest of the process.
-    directory = os.path.dirname(path)
-    if directory not in sys.path:
-        sys.path.append(directory)
-    sys.modules[module_name] = module  # registered before exec: dataclasses and pickling look it up
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as error:
-        sys.modules.pop(module_name, None)
-        raise RewardError(
-            f"Importing the reward file {path} (`{SPEC_KEY}`) failed with {type(error).__name__}: {error}"
-        ) from error
-    return module
+    return import_user_file(
+        path, config_key=SPEC_KEY, what="reward file", module_prefix="easyr1_reward", error=RewardError
+    )
 
 
 def _functions_defined_in(module: ModuleType) -> list[str]:
-    return sorted(
-        name
-        for name, value in vars(module).items()
-        if callable(value) and not name.startswith("_") and getattr(value, "__module__", None) == module.__name__
-    )
+    return names_defined_in(module, callable)
 
 
 def _check_kwargs(fn: Callable[..., Any], kwargs: Mapping[str, Any], source: str) -> None:
