@@ -3,7 +3,8 @@
 Levels come from the seed the way gym-sokoban makes them: a random walk carves the room's floor inside the outer
 wall, boxes start on their targets, and the player then walks backwards for a while, pulling any box it backs away
 from. Every pull is a push played in reverse, so the level reached can be solved; the level kept is the one along
-the walk whose boxes ended farthest from their targets (at least one box off target).
+the walk whose boxes ended farthest from their targets (at least one box off target), with the player then put on
+a random cell it can walk to from there (a walk is a walk played in reverse too).
 
 Rewards follow gym-sokoban, which RAGEN uses: -0.1 per move, +1 for a box pushed onto a target, -1 for a box
 pushed off one, +10 when every box is on a target (the episode then ends with ``success``). A move into a wall, or
@@ -121,6 +122,20 @@ def _pull_walk(level: Level, steps: int, rng: random.Random) -> Level:
     return best
 
 
+def _walkable_from(level: Level) -> list[Position]:
+    """Floor cells the player reaches from where it stands without moving a box, sorted."""
+    seen = {level.player}
+    queue = deque([level.player])
+    while queue:
+        here = queue.popleft()
+        for move in MOVE_WORDS:
+            there = _shift(here, move)
+            if there in level.floor and there not in level.boxes and there not in seen:
+                seen.add(there)
+                queue.append(there)
+    return sorted(seen)
+
+
 def generate_level(size: int, num_boxes: int, rng: random.Random) -> Level:
     """A solvable, unsolved room of ``size`` x ``size`` cells (outer wall included) with ``num_boxes`` boxes."""
     for _ in range(_MAX_DRAWS):
@@ -131,9 +146,12 @@ def generate_level(size: int, num_boxes: int, rng: random.Random) -> Level:
         targets = frozenset(rng.sample(cells, num_boxes))
         player = rng.choice([cell for cell in cells if cell not in targets])
         start = Level(size, frozenset(floor), targets, targets, player)
-        level = _pull_walk(start, steps=10 * (size - 2) * num_boxes, rng=rng)
+        level = _pull_walk(start, steps=20 * (size - 2) * num_boxes, rng=rng)
         if not level.solved:
-            return level
+            # Walking without pulling is a walk played in reverse too: any cell the player reaches that way is a
+            # solvable start, and most are farther from the box than the spot where the last pull left it.
+            player = rng.choice(_walkable_from(level))
+            return Level(size, level.floor, level.targets, level.boxes, player)
     raise EnvError(
         f"no {size}x{size} sokoban room with {num_boxes} boxes came out of {_MAX_DRAWS} draws; "
         "lower `env.env_kwargs.num_boxes` or raise `env.env_kwargs.size`"
