@@ -9,12 +9,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from easyr1.envs.target import ACTION_WORDS
 from easyr1.tools.tiny_dataset import build_shape_dataset
 from easyr1.tools.tiny_model import build_tiny_model
 
 
 _MARKER = ".complete"
 DEMO_ROOT = Path(".cache/demo")
+# The agent demo's model directory under ``root/model``: the demo model with the target task's action words.
+AGENT_MODEL_NAME = "qwen2_5_vl_agent"
 
 
 def _inside(path: str | None, root: Path) -> bool:
@@ -33,6 +36,9 @@ def prepare_demo_assets(config: Any) -> None:
     if not (_inside(model_path, DEMO_ROOT) or _inside(config.data.train_files, DEMO_ROOT)):
         return
     family = Path(model_path).name if _inside(model_path, DEMO_ROOT) else "qwen2_5_vl"
+    if family == AGENT_MODEL_NAME:
+        ensure_agent_demo_model(DEMO_ROOT)
+        return
     ensure_demo_assets(DEMO_ROOT, family=family)
 
 
@@ -70,3 +76,15 @@ def ensure_demo_assets(root: str | Path = ".cache/demo", family: str = "qwen2_5_
     model_dir = _build_once(root / "model" / family, lambda path: build_tiny_model(path, family=family))
     data_dir = _build_once(root / "data", build_shape_dataset)
     return model_dir, data_dir
+
+
+def ensure_agent_demo_model(root: str | Path = DEMO_ROOT) -> Path:
+    """Build the agent demo's model under ``root/model/qwen2_5_vl_agent`` if missing; return its directory.
+
+    It is the demo's tiny Qwen2.5-VL (same sizes and seed) whose tokenizer also makes the ``target`` environment's
+    action words single tokens, so one answer is one sampled token.
+    """
+    return _build_once(
+        Path(root) / "model" / AGENT_MODEL_NAME,
+        lambda path: build_tiny_model(path, family="qwen2_5_vl", extra_words=ACTION_WORDS),
+    )

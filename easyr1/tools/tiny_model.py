@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,6 +46,8 @@ SPECIAL_TOKENS = (
 )
 BPE_VOCAB_SIZE = 336  # + 14 special tokens = 350, the size at which the demo task is known to be learnable
 COLOUR_WORDS = ("red", "green", "blue", "yellow")
+# How often each extra word is repeated (per line, twice over): enough for BPE to merge it ahead of other pairs.
+_EXTRA_WORD_REPEATS = 24
 
 # Qwen2's pre-tokenizer split: letters stay together (with at most one leading non-letter such as a space),
 # every digit is its own piece, so digits are single tokens whatever the merges are.
@@ -113,10 +116,11 @@ class TextShape:
             raise ValueError(f"num_layers and intermediate_size must be positive, got {self}")
 
 
-def _training_text() -> str:
+def _training_text(extra_words: Sequence[str] = ()) -> str:
     """A few KB of text covering the demo prompts, the format prompts and the chat template's fixed parts.
 
-    Colour words are repeated often, with and without a leading space, so that BPE merges each into one token.
+    Colour words and ``extra_words`` are repeated often, with and without a leading space, so that BPE merges each
+    into one token. Without extra words the text is exactly the shape demo's.
     """
     from easyr1.tools.shape_task import COLOURS, PROMPT, SHAPES
 
@@ -141,11 +145,30 @@ def _training_text() -> str:
     for colour in COLOUR_WORDS:
         lines.append(" ".join([colour] * 12))
         lines.append("\n".join([colour] * 12))
+    for word in extra_words:
+        lines.append(" ".join([word] * _EXTRA_WORD_REPEATS))
+        lines.append("\n".join([word] * _EXTRA_WORD_REPEATS))
     return "\n".join(lines * 2) + "\n"
 
 
-def build_tokenizer() -> Qwen2Tokenizer:
-    """Train the tiny byte-level BPE tokenizer and wrap it as the Qwen2 tokenizer class transformers uses."""
+def _check_extra_words(extra_words: Sequence[str]) -> tuple[str, ...]:
+    """``extra_words`` as a tuple; ValueError for a word BPE cannot make one token (not letters only)."""
+    if isinstance(extra_words, str):
+        raise ValueError(f"extra_words must be a sequence of words, not the string {extra_words!r}")
+    for word in extra_words:
+        # Qwen's pre-tokenizer splits letters from everything else, so only a run of letters can be one token.
+        if not isinstance(word, str) or not word.isalpha():
+            raise ValueError(f"extra word {word!r} must be letters only, to become a single token")
+    return tuple(extra_words)
+
+
+def build_tokenizer(extra_words: Sequence[str] = ()) -> Qwen2Tokenizer:
+    """Train the tiny byte-level BPE tokenizer and wrap it as the Qwen2 tokenizer class transformers uses.
+
+    ``extra_words`` become single tokens (with and without a leading space) besides the colour words; without them
+    the tokenizer is exactly the shape demo's.
+    """
+    extra_words = _check_extra_words(extra_words)
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import AddedToken, Qwen2Tokenizer
 
@@ -164,7 +187,7 @@ def build_tokenizer() -> Qwen2Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(_training_text().splitlines(keepends=True), trainer=trainer)
+    tokenizer.train_from_iterator(_training_text(extra_words).splitlines(keepends=True), trainer=trainer)
     state = json.loads(tokenizer.to_str())
     vocab: dict[str, int] = state["model"]["vocab"]
     merges = [
@@ -186,16 +209,16 @@ def build_tokenizer() -> Qwen2Tokenizer:
     )
     qwen_tokenizer.add_tokens([AddedToken(token, special=True, normalized=False) for token in SPECIAL_TOKENS])
     qwen_tokenizer.chat_template = CHAT_TEMPLATE
-    _check_tokenizer(qwen_tokenizer, base_size=base_size)
+    _check_tokenizer(qwen_tokenizer, base_size=base_size, words=COLOUR_WORDS + extra_words)
     return qwen_tokenizer
 
 
-def _check_tokenizer(tokenizer: Qwen2Tokenizer, base_size: int) -> None:
+def _check_tokenizer(tokenizer: Qwen2Tokenizer, base_size: int, words: Sequence[str] = COLOUR_WORDS) -> None:
     """Fail loudly if training did not give the properties the demo and the tests rely on."""
     ids = [tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS]
     if ids != list(range(base_size, base_size + len(SPECIAL_TOKENS))):
         raise RuntimeError(f"special tokens did not get contiguous ids after the BPE vocabulary: {ids}")
-    for word in COLOUR_WORDS:
+    for word in words:
         for text in (word, " " + word):
             pieces = tokenizer.encode(text, add_special_tokens=False)
             if len(pieces) != 1:
@@ -332,6 +355,7 @@ def build_tiny_model(
     intermediate_size: int = 256,
     num_heads: int | None = None,
     num_kv_heads: int | None = None,
+    extra_words: Sequence[str] = (),
 ) -> Path:
     """Write a tiny random ``family`` model, its tokenizer, processor (vision families) and generation config
     into ``out_dir``.
@@ -339,7 +363,8 @@ def build_tiny_model(
     The keyword arguments size the language model (the vision tower stays the same, its output width follows
     ``hidden_size``); the defaults build the 0.8 M-parameter model the demo and the tests use. ``num_heads``
     defaults to ``hidden_size // 32`` (head_dim 32), ``num_kv_heads`` to half of it. The same seed and sizes give
-    byte-identical weights. Returns ``out_dir`` as a Path.
+    byte-identical weights. ``extra_words`` become single tokens of the tokenizer (the agent demo's action words);
+    the default builds the shape demo's tokenizer. Returns ``out_dir`` as a Path.
     """
     heads = num_heads if num_heads is not None else max(hidden_size // 32, 1)
     shape = TextShape(
@@ -355,7 +380,7 @@ def build_tiny_model(
         raise ValueError(f"unknown model family {family!r}; choose one of {', '.join(FAMILIES)}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(extra_words)
     config = _model_config(family, tokenizer, shape)
 
     # Seed a private generator state so building a model does not disturb the caller's random stream.
