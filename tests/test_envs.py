@@ -512,3 +512,23 @@ def test_config_accepts_the_registered_names(name):
 def test_config_suggests_the_closest_name_for_a_typo():
     with pytest.raises(ConfigError, match=r"env\.name='sokobn'.*did you mean 'sokoban'.*frozen_lake, sokoban, target"):
         load_config([*REQUIRED, "env.name=sokobn"])
+
+
+# ------------------------------------------------------------------------------------------------ docs
+def test_the_example_environment_of_docs_agents_works(tmp_path):
+    section = (Path(__file__).resolve().parents[1] / "docs" / "agents.md").read_text(encoding="utf-8")
+    section = section.split("## Environments", 1)[1].split("\n## ", 1)[0]
+    (code,) = [block.split("\n", 1)[1] for block in section.split("```")[1::2] if block.startswith("python")]
+    spec = write(tmp_path, "my_env.py", code) + ":GuessColour"
+    check_environment(None, spec, {"tries": 2})
+    env = build_environment(None, spec, {"tries": 3})
+    for seed in range(6):
+        observation = env.reset(seed)
+        assert observation.text == IMAGE_MARKER and len(observation.images) == 1
+        assert env.step("no idea")[3]["action_valid"] is False
+        for colour in ("red", "green", "blue"):
+            observation, reward, done, info = env.step(f"<answer>{colour}</answer>")
+            if done:
+                break
+            assert (observation.text, reward, info["success"]) == ("No. " + IMAGE_MARKER, 0.0, False)
+        assert (reward, done, info["success"]) == (1.0, True, True)
