@@ -13,14 +13,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from transformers import AutoTokenizer
+from transformers import AutoProcessor, AutoTokenizer
 
-from easyr1.envs.target import ACTION_WORDS
+from easyr1.envs.target import ACTION_WORDS, TargetEnv
 from easyr1.tools.demo_assets import AGENT_MODEL_NAME, ensure_agent_demo_model
 from easyr1.tools.tiny_model import COLOUR_WORDS, build_tokenizer
 
 
 REPO = Path(__file__).resolve().parents[1]
+# The tiny model's prompt budget in the agent demo: the first turn's whole prompt, image tokens included.
+AGENT_PROMPT_BUDGET = 64
 # The last commit whose tiny_model.py had no extra_words: the shape demo's tokenizer as it was trained then.
 BEFORE_EXTRA_WORDS = "6634d8f3a87e889a5f022a74aeef7ff4cc2ff776"
 
@@ -97,3 +99,18 @@ def test_agent_demo_model_is_built_once_with_action_words_as_answers(tmp_path, t
         full = tokenizer.encode(prompt + word + "<|im_end|>", add_special_tokens=False)
         assert full[: len(prompt_ids)] == prompt_ids and len(full) == len(prompt_ids) + 2
         assert tokenizer.decode(full[len(prompt_ids)]) == word
+
+    # The target task's first prompt fits the demo's budget once the processor has expanded the image.
+    env = TargetEnv()
+    observation = env.reset(0)
+    assert observation.text == "<image>"
+    processor = AutoProcessor.from_pretrained(model_dir)
+    messages = [
+        {"role": "system", "content": env.system_prompt()},
+        {"role": "user", "content": [{"type": "image"}]},
+    ]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    inputs = processor(text=[text], images=observation.images, return_tensors="pt")
+    image_tokens = int((inputs["input_ids"] == tokenizer.convert_tokens_to_ids("<|image_pad|>")).sum())
+    assert image_tokens == 9  # 84x84 pixels: a 3x3 grid of merged vision tokens, one per cell
+    assert inputs["input_ids"].shape[1] <= AGENT_PROMPT_BUDGET

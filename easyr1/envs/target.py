@@ -32,7 +32,9 @@ NEIGHBOURS = tuple((CENTRE[0] + dr, CENTRE[1] + dc) for dr, dc in MOVES.values()
 TARGET_COLOURS = {"red": (220, 30, 30), "green": (30, 190, 60), "blue": (40, 90, 230), "yellow": (230, 200, 20)}
 EMPTY = (40, 40, 40)
 CURSOR = (235, 235, 235)
-VISION_PROMPT = "Move the cursor onto the coloured square. Answer with one word: up, down, left or right."
+# Short on purpose: with the agent demo's tokenizer the whole first prompt (chat template, this text, the image's 9
+# tokens) is 59 tokens, inside the tiny model's budget of about 64.
+VISION_PROMPT = "Move the white square onto the coloured square: up, down, left or right?"
 TEXT_PROMPT = (
     "Move the cursor C onto the target T in the grid (. is empty). Answer with one word: up, down, left or right."
 )
