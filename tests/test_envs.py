@@ -105,7 +105,7 @@ def test_first_word_never_raises_on_odd_input():
 
 # ------------------------------------------------------------------------------------------------ registry, modes
 def test_the_shipped_environments_are_registered():
-    assert sorted(ENVIRONMENTS.names()) == list(SHIPPED)
+    assert set(SHIPPED) <= set(ENVIRONMENTS.names())  # other tests may register their own beside them
     for name in SHIPPED:
         assert issubclass(environment_class(name, None), Environment)
 
@@ -510,8 +510,9 @@ def test_config_accepts_the_registered_names(name):
 
 
 def test_config_suggests_the_closest_name_for_a_typo():
-    with pytest.raises(ConfigError, match=r"env\.name='sokobn'.*did you mean 'sokoban'.*frozen_lake, sokoban, target"):
+    with pytest.raises(ConfigError, match=r"env\.name='sokobn'.*did you mean 'sokoban'.*valid values") as info:
         load_config([*REQUIRED, "env.name=sokobn"])
+    assert all(name in str(info.value).split("valid values:")[1] for name in SHIPPED)
 
 
 # ------------------------------------------------------------------------------------------------ docs
