@@ -11,12 +11,13 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from transformers import AutoProcessor, AutoTokenizer
 
 from easyr1.envs.target import ACTION_WORDS, TargetEnv
-from easyr1.tools.demo_assets import AGENT_MODEL_NAME, ensure_agent_demo_model
+from easyr1.tools.demo_assets import AGENT_MODEL_NAME, ensure_agent_demo_model, prepare_demo_assets
 from easyr1.tools.tiny_model import COLOUR_WORDS, build_tokenizer
 
 
@@ -114,3 +115,15 @@ def test_agent_demo_model_is_built_once_with_action_words_as_answers(tmp_path, t
     image_tokens = int((inputs["input_ids"] == tokenizer.convert_tokens_to_ids("<|image_pad|>")).sum())
     assert image_tokens == 9  # 84x84 pixels: a 3x3 grid of merged vision tokens, one per cell
     assert inputs["input_ids"].shape[1] <= AGENT_PROMPT_BUDGET
+
+
+def test_a_config_pointing_at_the_agent_model_gets_it_built(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the demo's assets live under .cache/demo of the working directory
+    model_path = str(tmp_path / ".cache" / "demo" / "model" / AGENT_MODEL_NAME)
+    model = SimpleNamespace(model_path=model_path)
+    worker = SimpleNamespace(actor=SimpleNamespace(model=model))
+    config = SimpleNamespace(worker=worker, data=SimpleNamespace(train_files=None))
+    prepare_demo_assets(config)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    assert set(single_tokens(tokenizer, ACTION_WORDS).values()) == {1}
+    assert not (tmp_path / ".cache" / "demo" / "data").exists()  # an agent run needs no dataset
