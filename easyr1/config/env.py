@@ -16,10 +16,6 @@ from easyr1.config.fields import option
 from easyr1.config.rules import AT_LEAST_ONE, AT_LEAST_ONE_OR_NULL, NON_NEGATIVE, one_of
 
 
-# Which context the model sees at each turn.
-CONTEXT_MODES = ("full",)
-
-
 @dataclass
 class EnvConfig:
     """The environment of a multi-turn agent run (unset: single-turn prompts from the dataset)."""
@@ -35,7 +31,6 @@ class EnvConfig:
     )
     val_seed: int = option(1_000_000, "first validation seed (keep the range apart from the training seeds)")
     val_episodes: int = option(32, "validation episodes, with seeds val_seed, val_seed + 1, ...")
-    context: str = option("full", "what each turn sees: full (every earlier turn, one growing sequence)")
     format_penalty: float = option(-0.1, "added to the turn's reward when the environment could not read an action")
 
     @property
@@ -56,7 +51,7 @@ ENV_RANGES = {
 
 
 def check_env_names(env: EnvConfig, problems: list[str]) -> None:
-    """One of name / env_class, a registered name, a python file for the class, a known context mode."""
+    """One of name / env_class, a registered name, a python file for the class."""
     if env.name is not None and env.env_class is not None:
         problems.append(
             f"env.name={env.name!r} and env.env_class={env.env_class!r} are both set; keep one (a registered "
@@ -68,4 +63,3 @@ def check_env_names(env: EnvConfig, problems: list[str]) -> None:
         one_of(problems, "env.name", env.name, ENVIRONMENTS.names())
     if env.env_class is not None and not re.search(r"\.py:\w+$", env.env_class):
         problems.append(f"env.env_class={env.env_class!r} must name a class in a python file: 'path/to/env.py:Class'")
-    one_of(problems, "env.context", env.context, CONTEXT_MODES)
