@@ -286,3 +286,21 @@ def test_episode_seeds_cycle_and_resume():
     resumed.load_state_dict(seeds.state_dict())
     assert list(resumed.next()["env_seed"]) == list(seeds.next()["env_seed"]) == [11, 12]
     assert list(EpisodeSeeds(0, None, 3).next()["env_seed"]) == [0, 1, 2]
+
+
+def test_shuffled_images_come_from_other_episodes_and_are_seeded(tiny_qwen2_5_vl_dir, tiny_dataset_dir, model_parts):
+    """env.shuffle_images (the image-blind control): each observation shows another episode's image, the same ones
+    again when the step is replayed; the texts and everything else stay."""
+
+    def first_colours(stage) -> list[tuple[int, ...]]:
+        batch = stage.collect(EpisodeSeeds(0, None, 4).next(), step=2).batch
+        return [batch["multi_modal_data"][row]["images"][0].getpixel((0, 0)) for row in range(len(batch))]
+
+    own = first_colours(make_stage(tiny_qwen2_5_vl_dir, tiny_dataset_dir, model_parts, answer_on_turn(0)))
+    assert own == [COLOURS[list(COLOURS)[seed % 4]] for seed in range(4) for _ in range(2)]
+    control = make_stage(
+        tiny_qwen2_5_vl_dir, tiny_dataset_dir, model_parts, answer_on_turn(0), "env.shuffle_images=true"
+    )
+    shuffled = first_colours(control)
+    assert sorted(shuffled) == sorted(own) and shuffled != own
+    assert first_colours(control) == shuffled

@@ -32,6 +32,9 @@ class EnvConfig:
     val_seed: int = option(1_000_000, "first validation seed (keep the range apart from the training seeds)")
     val_episodes: int = option(32, "validation episodes, with seeds val_seed, val_seed + 1, ...")
     format_penalty: float = option(-0.1, "added to the turn's reward when the environment could not read an action")
+    shuffle_images: bool = option(
+        False, "control run: each observation shows another episode's images (is the model using the image?)"
+    )
 
     @property
     def enabled(self) -> bool:

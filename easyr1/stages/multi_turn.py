@@ -25,6 +25,8 @@ span steps, so a resumed run replays exactly.
 from __future__ import annotations
 
 import math
+import random
+from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -197,10 +199,19 @@ class MultiTurnRollout:
         self, seeds: list[int], uids: list[str], step: int, round_offset: int, sampling: dict[str, Any]
     ) -> list[Episode]:
         """Play one episode per seed to its end; turn ``k`` of every live episode is generated in one call."""
-        episodes = [self._start(seed, uid) for seed, uid in zip(seeds, uids)]
         budget = self.config.data.max_response_length
         per_turn = sampling["max_tokens"]
+        control = f"{self.config.worker.rollout.seed}-{step}-{round_offset}"  # the image swaps' seed (a control run)
+        environments: list[Environment] = []
         try:
+            for _ in seeds:
+                environments.append(build_environment(self.env.name, self.env.env_class, dict(self.env.env_kwargs)))
+            firsts = [self._reset(env, seed) for env, seed in zip(environments, seeds)]
+            firsts = self._swap_images(firsts, f"{control}-reset")
+            episodes = [
+                self._start(env, seed, uid, observation)
+                for env, seed, uid, observation in zip(environments, seeds, uids, firsts)
+            ]
             for turn in range(self.env.max_turns):
                 live = [e for e in episodes if not e.done]
                 for episode in live:  # another full turn must fit the response budget
@@ -212,19 +223,26 @@ class MultiTurnRollout:
                 first_seed = round_first_seed(self.config.worker.rollout.seed, step, round_offset + turn, len(seeds))
                 row_seeds = [first_seed + episodes.index(e) for e in live]
                 outputs = self._generate(live, row_seeds, sampling)
-                for row, episode in enumerate(live):
-                    self._play_turn(episode, outputs, row, turn, budget, per_turn)
+                stepped = [self._play_turn(episode, outputs, row, turn) for row, episode in enumerate(live)]
+                going_on = [(episode, obs) for episode, obs in zip(live, stepped) if obs is not None]
+                observations = self._swap_images([obs for _, obs in going_on], f"{control}-{turn}")
+                for (episode, _), observation in zip(going_on, observations):
+                    self._add_observation(episode, observation, turn, budget, per_turn)
         finally:
             self._sleep_engines()
-            for episode in episodes:
-                episode.env.close()
+            for env in environments:
+                env.close()
         return episodes
 
-    def _start(self, seed: int, uid: str) -> Episode:
-        env = build_environment(self.env.name, self.env.env_class, dict(self.env.env_kwargs))
+    def _reset(self, env: Environment, seed: int) -> Observation:
         where = self._where(seed, 0)
         observation = self._call(env.reset, where, seed)
         self._check_observation(observation, where)
+        return observation
+
+    def _start(self, env: Environment, seed: int, uid: str, observation: Observation) -> Episode:
+        """The episode with its first piece: the system prompt and the first observation."""
+        where = self._where(seed, 0)
         system_prompt = self._call(env.system_prompt, where)
         if not isinstance(system_prompt, str):
             raise EnvError(f"{where}: system_prompt() returned {type(system_prompt).__name__}, not a str")
@@ -240,8 +258,9 @@ class MultiTurnRollout:
         episode.last_observation_images = len(piece.images)
         return episode
 
-    def _play_turn(self, episode: Episode, outputs: Batch, row: int, turn: int, budget: int, per_turn: int) -> None:
-        """Append the model's turn, step the environment with its text, append the next observation (or end)."""
+    def _play_turn(self, episode: Episode, outputs: Batch, row: int, turn: int) -> Observation | None:
+        """Append the model's turn and step the environment with its text; returns the next observation, or None
+        when the episode ended (done, or its last turn)."""
         mask = outputs["response_mask"][row].bool()
         response = outputs["responses"][row][mask].tolist()
         log_probs = outputs["rollout_log_probs"][row][mask].tolist()
@@ -263,13 +282,38 @@ class MultiTurnRollout:
         )
         if done or turn + 1 == self.env.max_turns:
             episode.done = True
-            return
+            return None
+        return observation
+
+    def _add_observation(
+        self, episode: Episode, observation: Observation, turn: int, budget: int, per_turn: int
+    ) -> None:
+        """Append the observation after a turn, or end the episode if it and another turn would not fit."""
+        response = episode.ids[-episode.turns[-1].tokens :] if episode.turns[-1].tokens else []
         ended_with_eos = bool(response) and response[-1] == self.encoder.eos_token_id
-        piece = self.encoder.next(observation, ended_with_eos, where)
+        piece = self.encoder.next(observation, ended_with_eos, self._where(episode.seed, turn))
         if episode.response_length + len(piece.ids) + per_turn > budget:
-            episode.done = episode.truncated = True  # the observation and another turn would not fit
+            episode.done = episode.truncated = True
             return
         episode.append(piece)
+
+    def _swap_images(self, observations: list[Observation], key: str) -> list[Observation]:
+        """With ``env.shuffle_images`` (a control run), every observation gets the images of another episode's
+        observation with as many images, drawn from a seeded shuffle; else the observations as they are."""
+        if not self.env.shuffle_images:
+            return observations
+        rng = random.Random(key)
+        swapped = list(observations)
+        by_count: dict[int, list[int]] = defaultdict(list)
+        for index, observation in enumerate(observations):
+            by_count[len(observation.images)].append(index)
+        for count, indices in by_count.items():
+            donors = list(indices)
+            rng.shuffle(donors)
+            for index, donor in zip(indices, donors):
+                if count:
+                    swapped[index] = Observation(observations[index].text, observations[donor].images)
+        return swapped
 
     def _generate(self, live: list[Episode], row_seeds: list[int], sampling: dict[str, Any]) -> Batch:
         """One turn for every live episode on the workers (rows repeated up to a multiple of the worker count)."""
