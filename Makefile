@@ -2,7 +2,7 @@
 PYTHON ?= .venv/bin/python
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install install-gpu demo test test-fast quality style clean
+.PHONY: install install-gpu demo demo-agent test test-fast quality style clean
 
 install:
 	bash scripts/install_cpu.sh
@@ -13,6 +13,10 @@ install-gpu:
 
 demo: install
 	$(PYTHON) -m easyr1.tools.demo
+
+# The agent demo: a cursor moved onto a target seen only in the image, in up to 3 turns (docs/agents.md).
+demo-agent: install
+	$(PYTHON) -m easyr1.tools.demo --env target
 
 test: install
 	$(PYTHON) -m pytest tests -q

@@ -34,6 +34,8 @@ class Tracker(Protocol):
 CONSOLE_KEYS = (
     ("reward/overall", "reward"),
     ("reward/accuracy", "acc"),
+    ("env/success_rate", "success"),
+    ("env/turns", "turns"),
     ("response_length/mean", "len"),
     ("actor/pg_loss", "pg_loss"),
     ("actor/kl_loss", "kl"),
@@ -42,6 +44,7 @@ CONSOLE_KEYS = (
     ("rollout/log_prob_gap", "lp_gap"),
     ("timing/step", "s/step"),
     ("val/reward_score", "val_reward"),
+    ("val/success_rate", "val_success"),
 )
 
 

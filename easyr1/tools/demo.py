@@ -1,4 +1,5 @@
-"""The CPU demo: GRPO on a tiny Qwen2.5-VL that learns to name the colour of a shape in an image.
+"""The CPU demos: GRPO on a tiny Qwen2.5-VL that learns to name the colour of a shape in an image, or (``--env``)
+an agent that learns to move a cursor onto a target it sees only in the image.
 
 ``python -m easyr1.tools.demo [--seed S] [--shuffle-images] [key=value ...]`` trains with
 ``examples/config_cpu.yaml`` (building the tiny model and data on first use) and ends with one line::
@@ -7,6 +8,14 @@
 
 ``--shuffle-images`` is the control run: every prompt gets another row's image, so the answer cannot
 be read from the picture and the reward must stay near the image-blind ceiling of 0.4.
+
+``python -m easyr1.tools.demo --env target [--seed S] [--shuffle-images]`` trains the agent of
+``examples/config_agent_cpu.yaml`` (episodes of up to 3 turns in the ``target`` environment) and ends with::
+
+    demo-agent: success_first=<success rate, first 10% of steps> success_last=<last 10%> steps=<N> seconds=<wall>
+
+There ``--shuffle-images`` shows every observation another episode's image (``env.shuffle_images``): the
+image-blind control.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from easyr1.tools.demo_assets import DEMO_ROOT, prepare_demo_assets
 
 
 DEMO_CONFIG = "examples/config_cpu.yaml"
+AGENT_DEMO_CONFIG = "examples/config_agent_cpu.yaml"
 
 
 def write_shuffled_copy(train_file: str, out_dir: Path, seed: int) -> Path:
@@ -54,8 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=1, help="seed for data order, sampling and initialisation")
     parser.add_argument("--shuffle-images", action="store_true", help="control run: images shuffled across prompts")
+    parser.add_argument("--env", help="train the agent demo in this environment (target) instead")
     parser.add_argument("overrides", nargs="*", help="extra config overrides, key=value")
     args = parser.parse_args(argv)
+    if args.env:
+        return agent_demo(args, start)
 
     from easyr1.config import load_config
     from easyr1.main import run
@@ -106,6 +119,43 @@ def main(argv: list[str] | None = None) -> int:
     label = "demo-control" if args.shuffle_images else "demo"
     seconds = time.time() - start
     print(f"{label}: reward_first={first:.3f} reward_last={last:.3f} steps={len(history)} seconds={seconds:.0f}")
+    return 0
+
+
+def agent_demo(args: argparse.Namespace, start: float) -> int:
+    """The agent demo (``--env``): train, then print the success rate of the first and last 10% of steps."""
+    from easyr1.config import load_config
+    from easyr1.main import run
+
+    control = "_shuffled" if args.shuffle_images else ""
+    overrides = [
+        f"config={AGENT_DEMO_CONFIG}",
+        f"env.name={args.env}",
+        f"env.seed={args.seed * 100_000}",  # each demo seed its own episodes, apart from the validation seeds
+        f"env.shuffle_images={str(args.shuffle_images).lower()}",
+        f"trainer.seed={args.seed}",
+        f"worker.rollout.seed={args.seed}",
+        f"trainer.experiment_name={args.env}_grpo{control}_seed{args.seed}",
+        "trainer.find_last_checkpoint=false",
+        *args.overrides,
+    ]
+    try:
+        run(overrides)
+    except UserError as error:
+        print(f"easyr1: error: {error}", file=sys.stderr)
+        return 2
+    config = load_config(overrides)
+    metrics_file = Path(config.trainer.log_dir) / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics_file.read_text(encoding="utf-8").splitlines()]
+    history = [record for record in records if "env/success_rate" in record]
+    first, last = summarize(history, "env/success_rate")
+    print(f"per-step metrics: {metrics_file}")
+    from easyr1.tools.report import write_report
+
+    print(f"report (curves and episodes turn by turn, open in a browser): {write_report(config.trainer.log_dir)}")
+    label = "demo-agent-control" if args.shuffle_images else "demo-agent"
+    seconds = time.time() - start
+    print(f"{label}: success_first={first:.3f} success_last={last:.3f} steps={len(history)} seconds={seconds:.0f}")
     return 0
 
 
