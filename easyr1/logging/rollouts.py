@@ -1,5 +1,5 @@
 """Rollout samples on disk for the report's viewer: per logged step, a few prompts with their images and every
-response with its reward and sub-scores.
+response with its reward and sub-scores; for agent runs, every response's episode turn by turn.
 
 ``<log_dir>/rollouts.jsonl`` holds one object per logged step::
 
@@ -7,6 +7,17 @@ response with its reward and sub-scores.
                              "responses": [{"text": ..., "score": 0.2, "sub_scores": {"format": 1.0, ...}}]}]}
 
 Image paths are relative to ``log_dir``; images are the exact pixels the model saw (after resizing).
+
+When the batch comes from the multi-turn stage (it has ``episode`` records), a prompt is an environment seed: its
+``images`` are the first observation's, and each response also has::
+
+    "episode": {"seed": 3, "success": true, "truncated": false,
+                "turns": [{"images": ["rollouts/step_5/p0_r1_t0_i0.png"], "text": ..., "action": "UP",
+                           "action_valid": true, "reward": 0.0, "tokens": 12}, ...]}
+
+where turn ``t``'s images are those of the observation the model saw right before it (``r`` numbers the responses
+of the prompt, in order), ``action`` is the environment's parsed action as text (null when it read none), and the
+response's ``text`` is its turns' texts separated by blank lines.
 """
 
 from __future__ import annotations
@@ -17,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from PIL import Image
 
 
 def group_rows(uids: list[str], count: int) -> list[list[int]]:
@@ -28,6 +40,59 @@ def group_rows(uids: list[str], count: int) -> list[list[int]]:
     return list(groups.values())
 
 
+def save_image(image: Image.Image, log_dir: Path, relative: str) -> str:
+    """Save ``image`` as ``log_dir/relative`` (a PNG) and return ``relative``, the path the log records."""
+    path = log_dir / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path)
+    return relative
+
+
+def observation_slices(episode: dict[str, Any], image_count: int) -> list[tuple[int, int]]:
+    """For each turn of ``episode``, the (start, end) of its observation's images in the trajectory's images.
+
+    The trajectory holds the first observation's images, then each later observation's; turn ``k`` records how
+    many images the observation right before it had, so the slices are consecutive.
+    """
+    slices, start = [], 0
+    for turn in episode["turns"]:
+        end = start + int(turn["observation_images"])
+        if end > image_count:
+            raise ValueError(
+                f"episode of seed {episode['seed']}: its turns count {end} observation images so far but the "
+                f"trajectory has {image_count}; the episode record and multi_modal_data disagree"
+            )
+        slices.append((start, end))
+        start = end
+    return slices
+
+
+def episode_entry(episode: dict[str, Any], images: list[Image.Image], log_dir: Path, prefix: str) -> dict[str, Any]:
+    """An episode record as the log keeps it: each turn with its observation's images saved as
+    ``{prefix}_t{turn}_i{k}.png``, its text, parsed action (as text), validity, reward and tokens."""
+    turns = []
+    for number, (turn, (start, end)) in enumerate(zip(episode["turns"], observation_slices(episode, len(images)))):
+        observation = images[start:end]
+        files = [save_image(image, log_dir, f"{prefix}_t{number}_i{k}.png") for k, image in enumerate(observation)]
+        action = turn["action"]
+        turns.append(
+            {
+                "images": files,
+                "text": turn["text"],
+                "action": None if action is None else str(action),
+                "action_valid": bool(turn["action_valid"]),
+                "reward": float(turn["reward"]),
+                "tokens": int(turn["tokens"]),
+            }
+        )
+    return {
+        "seed": int(episode["seed"]),
+        "success": bool(episode["success"]),
+        "truncated": bool(episode["truncated"]),
+        "turns": turns,
+    }
+
+
 def write_rollouts(
     log_dir: str | os.PathLike,
     step: int,
@@ -37,31 +102,43 @@ def write_rollouts(
     tokenizer: Any,
     count: int,
 ) -> None:
-    """Append ``count`` prompts of ``batch`` (a scored rollout batch) with all their responses to rollouts.jsonl."""
+    """Append ``count`` prompts of ``batch`` (a scored rollout batch) with all their responses to rollouts.jsonl;
+    with ``episode`` records in the batch, each response's episode turn by turn (see the module docstring)."""
     log_dir = Path(log_dir)
-    image_dir = log_dir / "rollouts" / f"step_{step}"
+    step_dir = f"rollouts/step_{step}"
     lengths = batch["response_mask"].sum(dim=-1).tolist()
+    episodes = batch["episode"] if "episode" in batch else [None] * len(batch)
     prompts = []
     for index, rows in enumerate(group_rows(list(batch["uid"]), count)):
         first = rows[0]
-        images = []
-        for k, image in enumerate((batch["multi_modal_data"][first] or {}).get("images", [])):
-            image_dir.mkdir(parents=True, exist_ok=True)
-            image.save(image_dir / f"p{index}_i{k}.png")
-            images.append(f"rollouts/step_{step}/p{index}_i{k}.png")
-        responses = [
-            {
-                "text": tokenizer.decode(batch["responses"][row, : lengths[row]].tolist(), skip_special_tokens=True),
+        images = list((batch["multi_modal_data"][first] or {}).get("images", []))
+        if episodes[first] is not None and episodes[first]["turns"]:
+            # the prompt of an episode is its first observation; later images belong to the turns
+            images = images[: int(episodes[first]["turns"][0]["observation_images"])]
+        responses = []
+        for position, row in enumerate(rows):
+            episode = None
+            if episodes[row] is None:
+                text = tokenizer.decode(batch["responses"][row, : lengths[row]].tolist(), skip_special_tokens=True)
+            else:
+                row_images = list((batch["multi_modal_data"][row] or {}).get("images", []))
+                episode = episode_entry(episodes[row], row_images, log_dir, f"{step_dir}/p{index}_r{position}")
+                # the response region interleaves turns and observations, so the text comes from the turns
+                text = "\n\n".join(turn["text"] for turn in episode["turns"])
+            response: dict[str, Any] = {
+                "text": text,
                 "score": float(scores[row]),
                 "sub_scores": {key: float(values[row]) for key, values in sub_scores.items() if key != "overall"},
             }
-            for row in rows
-        ]
+            if episode is not None:
+                response["episode"] = episode
+            responses.append(response)
+        files = [save_image(image, log_dir, f"{step_dir}/p{index}_i{k}.png") for k, image in enumerate(images)]
         prompts.append(
             {
                 "prompt": tokenizer.decode(batch["raw_prompt_ids"][first], skip_special_tokens=False),
                 "ground_truth": str(batch["ground_truth"][first]),
-                "images": images,
+                "images": files,
                 "responses": responses,
             }
         )

@@ -1,5 +1,7 @@
 """A report of a run that opens in any browser without a server: PNG plots of the main curves and a page of
-rollouts — per logged step, the image(s), the prompt, and each response with its reward and sub-scores.
+rollouts — per logged step, the image(s), the prompt, and each response with its reward and sub-scores; for an
+agent run, each response's episode turn by turn (the observation's images, the model's text, the parsed action,
+the reward) with its return, success and truncation.
 
     python -m easyr1.tools.report EXPERIMENT_DIR      (the run's trainer.log_dir, where metrics.jsonl is)
 
@@ -27,6 +29,7 @@ PLOTS = (
     ("loss", "Policy loss", ("actor/pg_loss", "actor/kl_loss")),
     ("grad_norm", "Gradient norm", ("actor/grad_norm",)),
     ("log_prob_gap", "Rollout vs trainer log-prob gap", ("rollout/log_prob_gap",)),
+    ("success_rate", "Episode success rate", ("env/success_rate", "val/success_rate")),
     ("step_time", "Seconds per step", ("timing/step",)),
 )
 
@@ -79,21 +82,55 @@ def _score_colour(score: float) -> str:
     return f"hsl({round(120 * score)}, 70%, 88%)"
 
 
+def _image_tags(sources: list[str], alt: str) -> str:
+    """``<img>`` tags for images logged under the run's directory (the page is one level below it)."""
+    return "".join(f'<img src="../{html.escape(src)}" alt="{html.escape(alt)}">' for src in sources)
+
+
+def episode_html(episode: dict) -> str:
+    """An episode turn by turn: per turn the observation's images, the model's text, the parsed action (marked
+    when invalid) and the reward; above, the episode's seed, return (the sum of its turns' rewards) and outcome."""
+    returned = sum(turn["reward"] for turn in episode["turns"])
+    outcome = ["success" if episode["success"] else "no success"] + (["truncated"] if episode["truncated"] else [])
+    summary = (
+        f"<p class=episode>seed {html.escape(str(episode['seed']))} · {len(episode['turns'])} "
+        f"turn{'' if len(episode['turns']) == 1 else 's'} · "
+        f"return <b>{returned:.3g}</b> · {' · '.join(outcome)}</p>"
+    )
+    rows = []
+    for number, turn in enumerate(episode["turns"]):
+        action = "none" if turn["action"] is None else html.escape(turn["action"])
+        action_cell = (
+            f"<td class=action>{action}</td>"
+            if turn["action_valid"]
+            else f"<td class='action invalid'>{action} (invalid)</td>"
+        )
+        rows.append(
+            f"<tr><td>{number + 1}</td><td class=images>{_image_tags(turn['images'], f'observation {number + 1}')}"
+            f"</td><td class=text>{html.escape(turn['text'])}</td>{action_cell}<td class=reward>{turn['reward']:.3g}"
+            "</td></tr>"
+        )
+    head = "<tr><th>turn</th><th>observation</th><th>model's text</th><th>action</th><th>reward</th></tr>"
+    return f"{summary}<table class=turns>{head}{''.join(rows)}</table>"
+
+
 def rollouts_html(steps: list[dict]) -> str:
-    """The rollout sections: per step, per prompt, its images, the prompt, and each response with its scores."""
+    """The rollout sections: per step, per prompt, its images, the prompt, and each response with its scores (an
+    agent's response as its episode, turn by turn)."""
     parts = []
     for entry in steps:
         parts.append(f'<section><h2 id="step-{entry["step"]}">Step {entry["step"]}</h2>')
         for prompt in entry["prompts"]:
-            images = "".join(f'<img src="../{html.escape(src)}" alt="input image">' for src in prompt["images"])
+            images = _image_tags(prompt["images"], "input image")
             sub_keys = sorted({key for response in prompt["responses"] for key in response["sub_scores"]})
             head = "".join(f"<th>{html.escape(key)}</th>" for key in sub_keys)
             rows = []
             for response in prompt["responses"]:
                 subs = "".join(f"<td>{response['sub_scores'].get(key, float('nan')):.3g}</td>" for key in sub_keys)
+                shown = episode_html(response["episode"]) if "episode" in response else html.escape(response["text"])
                 rows.append(
                     f'<tr style="background:{_score_colour(response["score"])}">'
-                    f"<td class=text>{html.escape(response['text'])}</td>"
+                    f"<td class=text>{shown}</td>"
                     f"<td class=reward>{response['score']:.3g}</td>{subs}</tr>"
                 )
             parts.append(
@@ -115,6 +152,11 @@ pre { white-space: pre-wrap; background: #f6f6f6; padding: 0.5em; font-size: 12p
 table { border-collapse: collapse; font-size: 13px; }
 td, th { border: 1px solid #bbb; padding: 3px 8px; text-align: left; }
 td.reward { font-weight: bold; }
+table.turns { margin-top: 0.3em; background: #fff; }
+table.turns td.images img { width: 96px; image-rendering: pixelated; border: 1px solid #999; margin: 1px; }
+table.turns td.text { white-space: pre-wrap; }
+td.invalid { color: #b00000; font-weight: bold; }
+p.episode { margin: 0; }
 """
 
 
