@@ -331,6 +331,15 @@ def test_target_text_carries_no_clue_and_the_image_does():
         assert image.getpixel((42, 42)) == (235, 235, 235)  # the cursor, in the centre
 
 
+def test_target_colour_by_side_tells_the_side_by_colour():
+    env = TargetEnv(colour_by_side=True)
+    side_colour = {(0, 1): "red", (2, 1): "blue", (1, 0): "yellow", (1, 2): "green"}
+    for seed in range(16):
+        (image,) = env.reset(seed).images
+        row, column = target_cell(seed)
+        assert image.getpixel((28 * column + 14, 28 * row + 14)) == TARGET_COLOURS[side_colour[(row, column)]]
+
+
 def test_target_moves_rewards_and_walls():
     for seed in range(8):
         row, column = target_cell(seed)

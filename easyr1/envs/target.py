@@ -30,6 +30,8 @@ SIZE = 3
 CENTRE = (1, 1)
 NEIGHBOURS = tuple((CENTRE[0] + dr, CENTRE[1] + dc) for dr, dc in MOVES.values())
 TARGET_COLOURS = {"red": (220, 30, 30), "green": (30, 190, 60), "blue": (40, 90, 230), "yellow": (230, 200, 20)}
+# colour_by_side: the colour of a target on each side of the centre
+SIDE_COLOURS = dict(zip(NEIGHBOURS, ("red", "blue", "yellow", "green")))
 EMPTY = (40, 40, 40)
 CURSOR = (235, 235, 235)
 # Short on purpose: with the agent demo's tokenizer the whole first prompt (chat template, this text, the image's 9
@@ -49,6 +51,8 @@ class TargetEnv(Environment):
         cell_size: pixels per cell in vision mode (28: one merged vision token of Qwen2.5-VL per cell).
         step_reward: reward of a move that does not reach the target.
         colours: the target's possible colours (names of ``TARGET_COLOURS``), picked by the seed.
+        colour_by_side: the target's colour tells its side instead (up red, right green, down blue, left yellow):
+            a second visual cue beside its position, which a tiny model picks up sooner (the CPU agent demo uses it).
     """
 
     def __init__(
@@ -57,6 +61,7 @@ class TargetEnv(Environment):
         cell_size: int = 28,
         step_reward: float = 0.0,
         colours: tuple[str, ...] | list[str] = ("red",),
+        colour_by_side: bool = False,
     ) -> None:
         check_render_settings(render_mode, cell_size)
         if isinstance(step_reward, bool) or not isinstance(step_reward, (int, float)):
@@ -70,6 +75,7 @@ class TargetEnv(Environment):
         self.cell_size = cell_size
         self.step_reward = float(step_reward)
         self.colours = tuple(colours)
+        self.colour_by_side = bool(colour_by_side)
         self._cursor: tuple[int, int] | None = None
         self._target = NEIGHBOURS[0]
         self._colour = TARGET_COLOURS[self.colours[0]]
@@ -84,6 +90,8 @@ class TargetEnv(Environment):
         rng = random.Random(seed)
         self._target = NEIGHBOURS[rng.randrange(len(NEIGHBOURS))]
         self._colour = TARGET_COLOURS[self.colours[rng.randrange(len(self.colours))]]
+        if self.colour_by_side:
+            self._colour = TARGET_COLOURS[SIDE_COLOURS[self._target]]
         self._cursor = CENTRE
         self._done = False
         return self._observe()
