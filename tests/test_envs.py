@@ -524,6 +524,27 @@ def test_config_suggests_the_closest_name_for_a_typo():
     assert all(name in str(info.value).split("valid values:")[1] for name in SHIPPED)
 
 
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["env.max_tokens_per_turn=600"], r"env\.max_tokens_per_turn=600 exceeds data\.max_response_length=512"),
+        (["algorithm.online_filtering=true"], r"online_filtering \(DAPO refills\) is not available for agent runs"),
+        (["algorithm.adv_estimator=remax"], r"adv_estimator=remax needs a greedy baseline round"),
+    ],
+)
+def test_config_refuses_what_agent_runs_do_not_play(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config([*REQUIRED, "env.name=target", *overrides])
+    load_config([*REQUIRED, "env.name=target"])  # the agent run itself is fine
+
+
+def test_an_agent_run_needs_no_reward_function():
+    config = load_config(["worker.actor.model.model_path=/models/tiny", "env.name=target"])
+    assert config.worker.reward.reward_function is None
+    with pytest.raises(ConfigError, match="worker.reward.reward_function is not set"):
+        load_config(["worker.actor.model.model_path=/models/tiny"])
+
+
 # ------------------------------------------------------------------------------------------------ docs
 def test_the_example_environment_of_docs_agents_works(tmp_path):
     section = (Path(__file__).resolve().parents[1] / "docs" / "agents.md").read_text(encoding="utf-8")

@@ -168,12 +168,30 @@ def check_sizes(
         )
 
 
-def check_estimator_env(algorithm: AlgorithmConfig, env: EnvConfig, problems: list[str]) -> None:
-    """An estimator that reads each token's turn (``turn_gae``) needs a multi-turn run: the ``env`` section."""
-    if _estimator_needs(algorithm.adv_estimator).turn_ids and not env.enabled:
+def check_estimator_env(algorithm: AlgorithmConfig, env: EnvConfig, data: DataConfig, problems: list[str]) -> None:
+    """An estimator that reads each token's turn (``turn_gae``) needs a multi-turn run (the ``env`` section); an
+    agent run needs a turn that fits the response budget, and no DAPO refills or greedy-baseline round (the
+    multi-turn stage plays neither)."""
+    needs = _estimator_needs(algorithm.adv_estimator)
+    if needs.turn_ids and not env.enabled:
         problems.append(
             f"algorithm.adv_estimator={algorithm.adv_estimator} assigns credit over an episode's turns and needs a "
             "multi-turn run: set env.name or env.env_class (the env section), or use algorithm.adv_estimator=gae"
+        )
+    if not env.enabled:
+        return
+    if env.max_tokens_per_turn > data.max_response_length:
+        problems.append(
+            f"env.max_tokens_per_turn={env.max_tokens_per_turn} exceeds data.max_response_length="
+            f"{data.max_response_length}, which bounds a whole trajectory after its first observation; raise "
+            "data.max_response_length (turns and observations both count) or lower env.max_tokens_per_turn"
+        )
+    if algorithm.online_filtering:
+        problems.append("algorithm.online_filtering (DAPO refills) is not available for agent runs (env section)")
+    if needs.greedy_baseline:
+        problems.append(
+            f"algorithm.adv_estimator={algorithm.adv_estimator} needs a greedy baseline round, which agent runs "
+            "(env section) do not play; use grpo, rloo, reinforce_plus_plus, gae or turn_gae"
         )
 
 

@@ -165,7 +165,7 @@ def validation_problems(config: PPOConfig, num_workers: int | None) -> list[str]
     check_val_override(worker.rollout, problems)
     if config.env.enabled:
         check_env_names(config.env, problems)
-    check_estimator_env(config.algorithm, config.env, problems)
+    check_estimator_env(config.algorithm, config.env, config.data, problems)
     check_sizes(
         config.data,
         config.algorithm,

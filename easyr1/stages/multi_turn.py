@@ -172,13 +172,7 @@ class MultiTurnRollout:
             episodes = self.play(seeds, uids, step, round_offset=0, sampling=self.sampling())
         batch = self.assemble(episodes)
         returns = torch.tensor([sum(turn.reward for turn in episode.turns) for episode in episodes])
-        rewards = Rewards(
-            returns.float(),
-            {
-                "overall": returns.tolist(),
-                "success": [float(episode.success) for episode in episodes],
-            },
-        )
+        rewards = Rewards(returns.float(), {"overall": returns.tolist()})  # success etc. are env/ metrics
         return Rollout(batch, PendingRewards(rewards), episode_metrics(episodes, "env"), timings)
 
     def sampling(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
