@@ -40,7 +40,7 @@ from easyr1.algorithms import place_turn_rewards
 from easyr1.config import PPOConfig
 from easyr1.data.vision import vision_bounds
 from easyr1.distributed import WorkerGroup
-from easyr1.envs import Environment, Observation, build_environment
+from easyr1.envs import IMAGE_MARKER, Environment, Observation, build_environment
 from easyr1.errors import EnvError
 from easyr1.logging.timing import timed
 from easyr1.models.rope import MRopeSettings, is_mrope_config, prompt_position_ids
@@ -435,7 +435,7 @@ class MultiTurnRollout:
             )
         if not isinstance(observation.text, str) or not all(isinstance(i, Image.Image) for i in observation.images):
             raise EnvError(f"{where}: an observation's text must be a str and its images PIL images")
-        markers = observation.text.count("<image>")
+        markers = observation.text.count(IMAGE_MARKER)
         if markers not in (0, len(observation.images)):
             raise EnvError(
                 f"{where}: the observation's text has {markers} <image> marker(s) but {len(observation.images)} "

@@ -25,7 +25,7 @@ from PIL import Image
 
 from easyr1.data.prompt import build_messages
 from easyr1.data.vision import VisionBounds, resize_image
-from easyr1.envs.base import IMAGE_MARKER, Observation
+from easyr1.envs.base import Observation
 
 
 # Stand-ins used only to cut the template's fixed text around messages; they never reach the model.
@@ -118,8 +118,3 @@ class TurnEncoder:
         dropped = ("input_ids", "attention_mask", "mm_token_type_ids")
         vision = {key: value for key, value in outputs.items() if key not in dropped}
         return Piece(raw_ids, outputs["input_ids"][0].tolist(), resized, vision)
-
-
-def count_markers(text: str) -> int:
-    """The number of image markers in an observation's text."""
-    return text.count(IMAGE_MARKER)
