@@ -9,16 +9,16 @@ import torch
 from agent_envs import COLOURS, ColourEnv
 from helpers import demo_config
 from PIL import Image
+from test_on_policy_shortcut import build_actor
 
 from easyr1.envs import ENVIRONMENTS, Observation
 from easyr1.errors import EnvError
-from easyr1.models.loading import load_model, load_model_config, load_tokenizer_and_processor
+from easyr1.models.loading import load_model_config, load_tokenizer_and_processor
 from easyr1.models.rope import MRopeSettings, get_rope_index
 from easyr1.protocol import Batch
 from easyr1.stages import multi_turn
 from easyr1.stages.multi_turn import EpisodeSeeds, MultiTurnRollout
 from easyr1.stages.turn_encoding import TurnEncoder
-from easyr1.workers.actor import Actor
 
 
 class ScriptedRollout(MultiTurnRollout):
@@ -177,8 +177,6 @@ def test_trajectory_is_one_sequence_with_only_model_tokens_in_the_loss(
 def test_environment_tokens_never_change_the_loss(tiny_qwen2_5_vl_dir, tiny_dataset_dir, model_parts, process_group):
     """Perturb old / reference log-probs, advantages and rollout-correction weights on environment tokens: the
     actor's loss, metrics and gradients stay the same; the same perturbation on a model token changes them."""
-    from easyr1.distributed.fsdp import data_parallel_mesh, full_tensor, shard_model
-
     stage = make_stage(tiny_qwen2_5_vl_dir, tiny_dataset_dir, model_parts, answer_on_turn(1))
     batch = stage.collect(EpisodeSeeds(2, None, 2).next(), step=1).batch
     config = demo_config(
@@ -195,19 +193,7 @@ def test_environment_tokens_never_change_the_loss(tiny_qwen2_5_vl_dir, tiny_data
     view["rollout_is_weights"] = 0.5 + torch.rand(batch["responses"].shape)
 
     def update(perturbed: Batch) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
-        torch.manual_seed(0)
-        model = load_model(str(tiny_qwen2_5_vl_dir), torch.float32)
-        shard_model(model, data_parallel_mesh("cpu"))
-        optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
-        gradients: dict[str, torch.Tensor] = {}
-
-        def keep(*_) -> None:
-            gradients.update(
-                {n: full_tensor(p.grad).clone() for n, p in model.named_parameters() if p.grad is not None}
-            )
-
-        optimizer.register_step_pre_hook(keep)
-        actor = Actor(model, config, optimizer, banned_token_ids=[model.config.image_token_id])
+        actor, gradients = build_actor(tiny_qwen2_5_vl_dir, config)
         return actor.update_policy(perturbed, 1.0, len(perturbed)), gradients
 
     reference_metrics, reference_gradients = update(view)

@@ -13,6 +13,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from test_config import SMALL
 
 from easyr1.algorithms import (
     ADV_ESTIMATORS,
@@ -331,17 +332,6 @@ def test_turn_gae_refuses_turn_ids_that_do_not_fit_the_mask(turn_ids, message) -
 
 
 # ---------------------------------------------------------------------------------------------------- config
-
-SMALL = [
-    "worker.actor.model.model_path=/models/tiny",
-    "worker.reward.reward_function=/rewards/r.py:compute_score",
-    "data.rollout_batch_size=8",
-    "worker.actor.global_batch_size=4",
-    "worker.rollout.n=2",
-    "trainer.n_gpus_per_node=2",
-    "worker.actor.micro_batch_size_per_device_for_update=2",
-    "worker.actor.micro_batch_size_per_device_for_experience=4",
-]
 
 
 def test_turn_gae_needs_the_env_section(monkeypatch) -> None:

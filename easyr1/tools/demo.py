@@ -27,6 +27,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from easyr1.errors import UserError
 from easyr1.tools.demo_assets import DEMO_ROOT, prepare_demo_assets
@@ -71,7 +72,6 @@ def main(argv: list[str] | None = None) -> int:
         return agent_demo(args, start)
 
     from easyr1.config import load_config
-    from easyr1.main import run
 
     overrides = [
         f"config={DEMO_CONFIG}",
@@ -96,14 +96,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"data.train_files={shuffled}",
                 f"trainer.experiment_name=shape_color_shuffled_seed{args.seed}",
             ]
-        run(overrides)
     except UserError as error:
         print(f"easyr1: error: {error}", file=sys.stderr)
         return 2
-    config = load_config(overrides)
-    metrics_file = Path(config.trainer.log_dir) / "metrics.jsonl"
-    # the whole run's curve, also when this invocation resumed an interrupted run
-    records = [json.loads(line) for line in metrics_file.read_text(encoding="utf-8").splitlines()]
+    finished = train(overrides)
+    if finished is None:
+        return 2
+    config, metrics_file, records = finished
     history = [record for record in records if "reward/overall" in record]  # training steps, not step 0's validation
     validations = [record["val/reward_score"] for record in records if "val/reward_score" in record]
     first, last = summarize(history)
@@ -122,11 +121,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def agent_demo(args: argparse.Namespace, start: float) -> int:
-    """The agent demo (``--env``): train, then print the success rate of the first and last 10% of steps."""
+def train(overrides: list[str]) -> tuple[Any, Path, list[dict[str, float]]] | None:
+    """Train with ``overrides``; returns the config, its metrics file and every record in it (the whole run's curve,
+    also when this invocation resumed an interrupted run), or None after printing a user error."""
     from easyr1.config import load_config
     from easyr1.main import run
 
+    try:
+        run(overrides)
+    except UserError as error:
+        print(f"easyr1: error: {error}", file=sys.stderr)
+        return None
+    config = load_config(overrides)
+    metrics_file = Path(config.trainer.log_dir) / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics_file.read_text(encoding="utf-8").splitlines()]
+    return config, metrics_file, records
+
+
+def agent_demo(args: argparse.Namespace, start: float) -> int:
+    """The agent demo (``--env``): train, then print the success rate of the first and last 10% of steps."""
     control = "_shuffled" if args.shuffle_images else ""
     overrides = [
         f"config={AGENT_DEMO_CONFIG}",
@@ -139,14 +152,10 @@ def agent_demo(args: argparse.Namespace, start: float) -> int:
         "trainer.find_last_checkpoint=false",
         *args.overrides,
     ]
-    try:
-        run(overrides)
-    except UserError as error:
-        print(f"easyr1: error: {error}", file=sys.stderr)
+    finished = train(overrides)
+    if finished is None:
         return 2
-    config = load_config(overrides)
-    metrics_file = Path(config.trainer.log_dir) / "metrics.jsonl"
-    records = [json.loads(line) for line in metrics_file.read_text(encoding="utf-8").splitlines()]
+    config, metrics_file, records = finished
     history = [record for record in records if "env/success_rate" in record]
     first, last = summarize(history, "env/success_rate")
     print(f"per-step metrics: {metrics_file}")
