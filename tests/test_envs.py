@@ -538,6 +538,14 @@ def test_config_refuses_what_agent_runs_do_not_play(overrides, message):
     load_config([*REQUIRED, "env.name=target"])  # the agent run itself is fine
 
 
+def test_the_agent_demo_config_loads_as_an_agent_run(monkeypatch):
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    config = load_config(["config=examples/config_agent_cpu.yaml"])
+    assert config.env.enabled and config.env.name == "target" and config.worker.reward.reward_function is None
+    assert config.env.max_tokens_per_turn * config.env.max_turns <= config.data.max_response_length
+    assert config.worker.actor.model.model_path.endswith(".cache/demo/model/qwen2_5_vl_agent")
+
+
 def test_an_agent_run_needs_no_reward_function():
     config = load_config(["worker.actor.model.model_path=/models/tiny", "env.name=target"])
     assert config.worker.reward.reward_function is None
