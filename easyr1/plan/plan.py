@@ -339,12 +339,9 @@ def _flops(
     images = images_per_sample(config, size)
     vision = 0.0
     if size.vision_shape is not None and images:
-        vision = (
-            2.0
-            * size.vision
-            * images
-            * patches_per_image(size.vision_shape, data.max_pixels or 0, images, data.max_prompt_length)
-        )
+        prompt = int(prompt_fill * data.max_prompt_length)
+        patches = patches_per_image(size.vision_shape, data.max_pixels or 0, images, prompt)
+        vision = 2.0 * size.vision * images * patches
     text = size.text
     forward = forward_flops(size.matmul_language, text.layers, text.heads * text.head_dim, length, vision)
     samples = data.rollout_batch_size * worker.rollout.n
