@@ -220,3 +220,21 @@ def test_the_demo_and_easyr1_example_fit(tmp_path, tiny_qwen2_5_vl_dir, tiny_dat
     model = write_reference_model("qwen2.5-vl-7b", tmp_path / "7b")
     example = load_config(["config=examples/config.yaml", f"worker.actor.model.model_path={model}"])
     assert check_plan_fits(example, gpu_device("H100")).startswith("plan: fits=yes")
+
+
+def test_agent_runs_plan_an_image_per_turn(tiny_qwen2_5_vl_dir):
+    config = load_config(
+        ["config=examples/config_agent_cpu.yaml", f"worker.actor.model.model_path={tiny_qwen2_5_vl_dir}"]
+    )
+    plan = plan_for(config)
+    assert plan.update_batch.images == config.env.max_turns == plan.experience_batch.images
+    one_image = plan_for(
+        load_config(
+            [
+                "config=examples/config_agent_cpu.yaml",
+                f"worker.actor.model.model_path={tiny_qwen2_5_vl_dir}",
+                "worker.rollout.limit_images=1",
+            ]
+        )
+    )
+    assert one_image.update.vision * config.env.max_turns == plan.update.vision

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from easyr1.errors import ConfigError
+from easyr1.errors import ConfigError, UserError
 from easyr1.plan.hardware import Device, cpu_device, local_cuda_device
 from easyr1.plan.model_size import ModelSize, measure_model
 from easyr1.plan.plan import Plan, make_plan
@@ -64,7 +64,12 @@ def check_plan_fits(config: Any, device: Device | None = None) -> str:
     device = device or run_device(config)
     if device is None:
         return "plan: skipped (the workers' device is not visible from here; python -m easyr1.tools.plan --gpu NAME)"
-    plan, suggestions = plan_run(config, device)
+    try:
+        plan, suggestions = plan_run(config, device)
+    except UserError:
+        raise
+    except Exception as error:  # an architecture the plan cannot build on the meta device must not block the run
+        return f"plan: skipped (the model could not be sized from its config: {type(error).__name__}: {error})"
     line = summary_line(plan)
     if plan.fits or config.trainer.skip_plan_check:
         return line

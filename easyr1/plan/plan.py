@@ -128,10 +128,18 @@ class Plan:
 
 
 def images_per_sample(config: Any, size: ModelSize) -> int:
-    """Images the plan assumes per sample: none for a text model, else ``limit_images`` or one."""
+    """Images the plan assumes per sample: none for a text model, else ``limit_images``, else one per turn of an
+    agent run (``env.max_turns``: every observation may carry one), else one."""
     if size.vision_shape is None:
         return 0
-    return config.worker.rollout.limit_images or 1
+    if config.worker.rollout.limit_images:
+        return config.worker.rollout.limit_images
+    return config.env.max_turns if _agent_run(config) else 1
+
+
+def _agent_run(config: Any) -> bool:
+    env = getattr(config, "env", None)
+    return env is not None and bool(env.name or env.env_class)
 
 
 def _rows(path: str) -> int | None:
@@ -144,7 +152,7 @@ def _rows(path: str) -> int | None:
 
 def steps_per_epoch(config: Any) -> int | None:
     """Steps of one epoch: local jsonl rows (or ``env.num_seeds``) over ``data.rollout_batch_size``."""
-    if getattr(config, "env", None) is not None and (config.env.name or config.env.env_class):
+    if _agent_run(config):
         rows = config.env.num_seeds
     else:
         rows = _rows(config.data.train_files)
