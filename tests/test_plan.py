@@ -238,3 +238,20 @@ def test_agent_runs_plan_an_image_per_turn(tiny_qwen2_5_vl_dir):
         )
     )
     assert one_image.update.vision * config.env.max_turns == plan.update.vision
+
+
+def test_step_flops_by_hand(tiny_qwen2_5_vl_dir, tiny_dataset_dir):
+    config = cpu_config(tiny_qwen2_5_vl_dir, tiny_dataset_dir, "worker.actor.reuse_update_log_probs=false")
+    plan = plan_for(config)
+    size, text, vision = plan.size, plan.size.text, plan.size.vision_shape
+    length = 64 + 4
+    patches = min(3136 // vision.patch_size**2, vision.merge_size**2 * 64)
+    forward = 2 * size.matmul_language * length + 2 * text.layers * text.heads * text.head_dim * length**2
+    forward += 2 * size.vision * patches
+    samples = 16 * 8
+    assert plan.flops.generation == pytest.approx(forward * samples)
+    assert plan.flops.log_probs == pytest.approx(forward * samples)  # the old-log-prob pass; no reference
+    assert plan.flops.updates == pytest.approx(3 * forward * samples)
+    assert plan.step_seconds == pytest.approx(5 * forward * samples / (2 * CPU.peak_flops * plan.mfu))
+    reused = plan_for(cpu_config(tiny_qwen2_5_vl_dir, tiny_dataset_dir, "worker.actor.reuse_update_log_probs=true"))
+    assert reused.flops.log_probs == 0  # one mini-batch, one epoch: the update's forward gives the old log-probs
