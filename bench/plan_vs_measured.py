@@ -36,6 +36,7 @@ SIZES = {
 CONFIGS = {
     "0.6M-2w-padded": ("0.6M", ["trainer.n_gpus_per_node=2", "worker.actor.padding_free=false"]),
     "0.6M-1w-packed": ("0.6M", ["trainer.n_gpus_per_node=1", "worker.actor.padding_free=true"]),
+    "0.6M-1w-hf-engine": ("0.6M", ["trainer.n_gpus_per_node=1", "worker.rollout.name=hf"]),
     "15M-2w-batch32": (
         "15M",
         ["trainer.n_gpus_per_node=2", "data.rollout_batch_size=32", "worker.actor.global_batch_size=32"],
