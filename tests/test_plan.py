@@ -255,3 +255,25 @@ def test_step_flops_by_hand(tiny_qwen2_5_vl_dir, tiny_dataset_dir):
     assert plan.step_seconds == pytest.approx(5 * forward * samples / (2 * CPU.peak_flops * plan.mfu))
     reused = plan_for(cpu_config(tiny_qwen2_5_vl_dir, tiny_dataset_dir, "worker.actor.reuse_update_log_probs=true"))
     assert reused.flops.log_probs == 0  # one mini-batch, one epoch: the update's forward gives the old log-probs
+
+
+def test_what_would_fit_is_planned_again_and_fits(tmp_path):
+    from easyr1.plan.check import plan_run
+
+    model = write_reference_model("qwen2.5-vl-7b", tmp_path / "7b")
+    config = load_config(
+        [
+            "config=examples/config.yaml",
+            f"worker.actor.model.model_path={model}",
+            "worker.actor.micro_batch_size_per_device_for_update=16",
+            "worker.actor.model.enable_gradient_checkpointing=false",
+        ]
+    )
+    plan, suggestions = plan_run(config, gpu_device("H100"))
+    assert not plan.fits and plan.peak_phase.name == "actor update"
+    assert suggestions and all(result.fits for _, result in suggestions)
+    changed = {key for change, _ in suggestions for key in change}
+    assert "worker.actor.micro_batch_size_per_device_for_update" in changed
+    assert config.worker.actor.micro_batch_size_per_device_for_update == 16  # the config itself is left alone
+    text = render(plan, suggestions)
+    assert "does not fit" in text and "would fit with" in text

@@ -29,17 +29,26 @@ def _get(config: Any, key: str) -> Any:
     return target
 
 
+def _divisor_at_most(total: int, limit: int) -> int:
+    """The largest divisor of ``total`` not above ``limit`` (0 when ``limit`` < 1): micro-batches must divide a
+    worker's share."""
+    return max((d for d in range(1, max(limit, 0) + 1) if total % d == 0), default=0)
+
+
 def candidates(config: Any, plan: Plan) -> list[dict[str, Any]]:
     """Changes worth trying for ``config``, each a ``{key: value}`` of overrides."""
     actor = "worker.actor"
     found: list[dict[str, Any]] = []
+    samples = config.data.rollout_batch_size * config.worker.rollout.n
+    mini_batch = config.worker.actor.global_batch_size * config.worker.rollout.n // plan.world
     update_mb = plan.update_batch.samples
-    if update_mb > 1:
-        found.append({f"{actor}.micro_batch_size_per_device_for_update": max(update_mb // 2, 1)})
-        found.append({f"{actor}.micro_batch_size_per_device_for_update": 1})
+    for smaller in dict.fromkeys((_divisor_at_most(mini_batch, update_mb // 2), 1)):
+        if 0 < smaller < update_mb:
+            found.append({f"{actor}.micro_batch_size_per_device_for_update": smaller})
     exp_mb = plan.experience_batch.samples
-    if exp_mb > 1:
-        found.append({f"{actor}.micro_batch_size_per_device_for_experience": max(exp_mb // 4, 1)})
+    smaller = _divisor_at_most(-(-samples // plan.world), exp_mb // 4)
+    if 0 < smaller < exp_mb:
+        found.append({f"{actor}.micro_batch_size_per_device_for_experience": smaller})
     if not config.worker.actor.model.enable_gradient_checkpointing:
         found.append({f"{actor}.model.enable_gradient_checkpointing": True})
     if plan.device.on_gpu:
