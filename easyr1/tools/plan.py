@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     from easyr1.plan.plan import DEFAULT_MFU
     from easyr1.plan.report import render
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m easyr1.tools.plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpu", help="plan for this GPU (A100, H100, H200, H20, L40S, 4090, ...) on any machine")
     parser.add_argument(
         "--mfu",
