@@ -77,6 +77,7 @@ def read_model_config(model_path: str) -> dict:
 def run(argv: list[str]) -> list[dict[str, float]]:
     """Load the config from ``argv``, train, and return every step's metrics."""
     from easyr1.config import check_against_model, compatibility_only_settings, load_config
+    from easyr1.plan.check import check_plan_fits
     from easyr1.seeding import seed_everything
     from easyr1.tools.demo_assets import prepare_demo_assets
 
@@ -88,6 +89,8 @@ def run(argv: list[str]) -> list[dict[str, float]]:
         print(notice, file=sys.stderr)
     prepare_demo_assets(config)
     check_against_model(config, read_model_config(config.worker.actor.model.model_path))
+    # memory and step-time plan from config.json alone: a run that cannot fit stops here, before Ray or any model
+    print(check_plan_fits(config), flush=True)
     init_ray(config.trainer.nnodes * config.trainer.n_gpus_per_node, config.trainer.nnodes)
     from easyr1.trainer import Trainer
 

@@ -59,6 +59,11 @@ class TrainerConfig:
         "peak FLOP/s of one worker's device for perf/mfu (null: the GPU's data-sheet bf16 figure, or on CPU a "
         "matmul timing at the actor's compute dtype taken once per worker)",
     )
+    skip_plan_check: bool = option(
+        False,
+        "start even when the memory plan (python -m easyr1.tools.plan) says the run does not fit; the plan's line is "
+        "still printed",
+    )
     seed: int = option(
         1,
         "seed of python's, numpy's and torch's generators on the driver and every worker (sampling uses "

@@ -1,0 +1,367 @@
+"""The plan of one run: memory per worker by phase, host memory per worker and node, FLOPs and step time, verdict.
+
+A worker goes through phases, and its device memory peaks in one of them:
+
+- ``generation``: the engine awake (its claim) plus every model's states that offloading leaves on the device;
+- ``log-probs`` (one model at a time: actor, reference, critic): that model's states and gathered units, one
+  experience micro-batch; on CPU the engine stays (its sleep is a no-op);
+- ``actor update`` / ``critic update``: the model's weights, gradients and optimizer states, its gathered units
+  and one update micro-batch.
+
+On CPU the device is the host: a worker's host peak is its process base plus its device peak (or the loading peak,
+the full model in its storage dtype, when that is larger). On GPU the host holds the process base, offloaded states
+and, while loading, the full model on each rank that reads the checkpoint (rank 0 only with
+``fsdp.enable_rank0_init``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from easyr1.algorithms import estimator_needs
+from easyr1.on_policy import reuses_update_log_probs
+from easyr1.plan.activations import (
+    ActivationPlan,
+    MicroBatch,
+    experience_activations,
+    patches_per_image,
+    update_activations,
+)
+from easyr1.plan.flops import StepFlops, forward_flops, step_flops, step_seconds
+from easyr1.plan.hardware import Device
+from easyr1.plan.host import driver_bytes, object_store_bytes, worker_base_bytes
+from easyr1.plan.model_size import ModelSize
+from easyr1.plan.rollout_engine import EnginePlan, engine_dtype, plan_engine
+from easyr1.plan.states import ModelStates, actor_trainable, critic_trainable, dtype_bytes, model_states
+
+
+GIB = 2**30
+# Default MFU of a whole step: EasyR1's published 8xH100 baselines measure 6-19% actor MFU for the update alone, and
+# generation (memory-bound decoding) runs further below peak; 10% is the middle of that range.
+DEFAULT_MFU = 0.10
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Device bytes of one worker during one phase, item by item."""
+
+    name: str
+    items: tuple[tuple[str, int], ...]
+
+    @property
+    def total(self) -> int:
+        """The phase's bytes."""
+        return sum(value for _, value in self.items)
+
+
+@dataclass
+class Plan:
+    """Everything the plan computed for one config on one device (bytes per worker unless named per node)."""
+
+    device: Device
+    world: int
+    workers_per_node: int
+    size: ModelSize
+    states: dict[str, ModelStates]
+    engine: EnginePlan
+    update: ActivationPlan
+    experience: ActivationPlan
+    update_batch: MicroBatch
+    experience_batch: MicroBatch
+    phases: list[Phase]
+    host_worker: dict[str, int]
+    host_node: dict[str, int]
+    flops: StepFlops
+    mfu: float
+    step_seconds: float
+    steps_per_epoch: int | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def device_peak(self) -> int:
+        """The largest phase: a worker's peak device memory."""
+        return max(phase.total for phase in self.phases)
+
+    @property
+    def peak_phase(self) -> Phase:
+        """The phase that sets the device peak."""
+        return max(self.phases, key=lambda phase: phase.total)
+
+    @property
+    def host_worker_peak(self) -> int:
+        """Peak host memory of the busiest worker process (rank 0)."""
+        return max(self.host_worker.values())
+
+    @property
+    def host_node_total(self) -> int:
+        """Host memory of the node holding rank 0: its workers, the driver, the object store."""
+        return sum(self.host_node.values())
+
+    @property
+    def fits_device(self) -> bool:
+        """GPU: the device peak within the device's memory. CPU: the node's host memory within the available RAM."""
+        if self.device.on_gpu:
+            return self.device_peak <= self.device.memory_bytes
+        return self.host_node_total <= self.device.memory_bytes
+
+    @property
+    def fits_host(self) -> bool:
+        """The node's host memory within the node's RAM."""
+        return self.host_node_total <= self.device.host_bytes
+
+    @property
+    def fits(self) -> bool:
+        """Whether the run fits its device and its host."""
+        return self.fits_device and self.fits_host
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Tokens (prompt + response) of a step per second, per device."""
+        return self.flops.tokens / self.step_seconds / self.world
+
+    @property
+    def hours_per_epoch(self) -> float | None:
+        """Hours of one pass over the training data (``None`` when the data's size is not known)."""
+        return None if self.steps_per_epoch is None else self.steps_per_epoch * self.step_seconds / 3600
+
+
+def images_per_sample(config: Any, size: ModelSize) -> int:
+    """Images the plan assumes per sample: none for a text model, else ``limit_images``, else one per turn of an
+    agent run (``env.max_turns``: every observation may carry one), else one."""
+    if size.vision_shape is None:
+        return 0
+    if config.worker.rollout.limit_images:
+        return config.worker.rollout.limit_images
+    return config.env.max_turns if _agent_run(config) else 1
+
+
+def _agent_run(config: Any) -> bool:
+    env = getattr(config, "env", None)
+    return env is not None and bool(env.name or env.env_class)
+
+
+def _rows(path: str) -> int | None:
+    file = Path(str(path).split("@", 1)[0])
+    if file.is_file() and file.suffix == ".jsonl":
+        with file.open("rb") as handle:
+            return sum(1 for line in handle if line.strip())
+    return None
+
+
+def steps_per_epoch(config: Any) -> int | None:
+    """Steps of one epoch: local jsonl rows (or ``env.num_seeds``) over ``data.rollout_batch_size``."""
+    if _agent_run(config):
+        rows = config.env.num_seeds
+    else:
+        rows = _rows(config.data.train_files)
+    return None if rows is None else max(rows // config.data.rollout_batch_size, 1)
+
+
+def _critic_needed(config: Any) -> bool:
+    return estimator_needs(config.algorithm.adv_estimator).critic
+
+
+def make_plan(
+    config: Any,
+    device: Device,
+    size: ModelSize,
+    *,
+    critic_size: ModelSize | None = None,
+    mfu: float = DEFAULT_MFU,
+    prompt_fill: float = 1.0,
+    response_fill: float = 1.0,
+) -> Plan:
+    """Plan ``config`` on ``device`` for the model of ``size`` (``critic_size``: the critic's own model when
+    ``worker.critic.model.model_path`` names another one). ``prompt_fill`` / ``response_fill``: mean lengths as
+    fractions of the maximum ones, for FLOPs and time only (memory is planned at the maximum lengths)."""
+    trainer, data, worker = config.trainer, config.data, config.worker
+    world = trainer.nnodes * trainer.n_gpus_per_node
+    kind = device.kind
+    actor_params, actor_train = actor_trainable(size, worker.actor.model)
+    states = {"actor": model_states("actor", worker.actor, size, kind, world, actor_train, actor_params)}
+    lora = worker.actor.model.lora.rank > 0
+    if not config.algorithm.disable_kl and not lora:  # with LoRA the reference is the actor without adapters
+        states["ref"] = model_states("ref", worker.ref, size, kind, world, 0, size.total)
+    if _critic_needed(config):
+        critic_model = critic_size or size
+        params, trainable = critic_trainable(critic_model, worker.critic.model)
+        states["critic"] = model_states("critic", worker.critic, critic_model, kind, world, trainable, params)
+
+    actor = states["actor"]
+    compute = dtype_bytes(actor.precision.compute)
+    flash = device.on_gpu and compute < 4
+    images = images_per_sample(config, size)
+    n = worker.rollout.n
+    share = -(-data.rollout_batch_size * n // world)
+    mini_batch = max(worker.actor.global_batch_size * n // world, 1)
+    update_batch = MicroBatch(
+        min(worker.actor.micro_batch_size_per_device_for_update, mini_batch, share),
+        data.max_prompt_length,
+        data.max_response_length,
+        images,
+    )
+    experience_batch = MicroBatch(
+        min(worker.actor.micro_batch_size_per_device_for_experience, share),
+        data.max_prompt_length,
+        data.max_response_length,
+        images,
+    )
+    model = worker.actor.model
+    update = update_activations(
+        size,
+        update_batch,
+        compute,
+        checkpointing=model.enable_gradient_checkpointing,
+        padding_free=worker.actor.padding_free,
+        flash=flash,
+        vision_trainable=not model.freeze_vision_tower and not lora,
+        max_pixels=data.max_pixels or 0,
+        entropy_bonus=worker.actor.entropy_coeff > 0,
+    )
+    experience = experience_activations(
+        size,
+        experience_batch,
+        compute,
+        padding_free=worker.actor.padding_free,
+        flash=flash,
+        max_pixels=data.max_pixels or 0,
+    )
+    engine = plan_engine(config, size, engine_dtype(config, actor.precision.compute, kind), kind, device.memory_bytes)
+    phases = _phases(states, engine, update, experience)
+    host_worker, host_node = _host(config, device, states, phases, size)
+    flops = _flops(config, size, world, states, prompt_fill, response_fill)
+    plan = Plan(
+        device=device,
+        world=world,
+        workers_per_node=trainer.n_gpus_per_node,
+        size=size,
+        states=states,
+        engine=engine,
+        update=update,
+        experience=experience,
+        update_batch=update_batch,
+        experience_batch=experience_batch,
+        phases=phases,
+        host_worker=host_worker,
+        host_node=host_node,
+        flops=flops,
+        mfu=mfu,
+        step_seconds=step_seconds(flops, world, device.peak_flops, mfu),
+        steps_per_epoch=steps_per_epoch(config),
+    )
+    if engine.sequences < engine.rows:
+        plan.notes.append(
+            f"the engine's KV cache holds {engine.sequences} sequences at full length, fewer than the {engine.rows} "
+            "rows it is given per step: the rest wait in vLLM's queue (slower, not an error)"
+        )
+    if images:
+        plan.notes.append(f"assumes {images} image(s) per sample at data.max_pixels={data.max_pixels}")
+    return plan
+
+
+def _phases(
+    states: dict[str, ModelStates], engine: EnginePlan, update: ActivationPlan, experience: ActivationPlan
+) -> list[Phase]:
+    def others(active: str | None) -> list[tuple[str, int]]:
+        return [
+            (f"{role} states (idle)", s.resident_bytes(False, False)) for role, s in states.items() if role != active
+        ]
+
+    engine_item = [] if engine.releases else [("rollout engine (awake on CPU)", engine.claimed_bytes)]
+    phases = [Phase("generation", (("rollout engine", engine.claimed_bytes), *others(None)))]
+    for role, model in states.items():
+        phases.append(
+            Phase(
+                f"{role} log-probs" if role != "critic" else "critic values",
+                (
+                    (f"{role} states", model.resident_bytes(True, False)),
+                    (f"{role} gathered units", model.gathered_bytes),
+                    ("experience micro-batch", experience.total if role != "critic" else experience.layers),
+                    *others(role),
+                    *engine_item,
+                ),
+            )
+        )
+    for role in ("actor", "critic"):
+        if role not in states:
+            continue
+        model = states[role]
+        batch = update.total if role == "actor" else update.layers + update.vision + update.mask
+        phases.append(
+            Phase(
+                f"{role} update",
+                (
+                    (f"{role} weights + grads + optimizer", model.resident_bytes(True, True)),
+                    (f"{role} gathered units", model.gathered_bytes),
+                    ("update micro-batch", batch),
+                    *others(role),
+                    *engine_item,
+                ),
+            )
+        )
+    return phases
+
+
+def _host(
+    config: Any, device: Device, states: dict[str, ModelStates], phases: list[Phase], size: ModelSize
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Host bytes per worker (rank 0 and the others) and per node (rank 0's node)."""
+    base = worker_base_bytes(config, device.on_gpu)
+    worker = config.worker
+    loading = {}  # role -> bytes of the full model while it loads, on a rank that reads the checkpoint
+    for role, model in states.items():
+        loading[role] = model.parameters * dtype_bytes(model.precision.storage)
+    rank0_init = worker.actor.fsdp.enable_rank0_init
+    if device.on_gpu:
+        offloaded = sum(model.host_bytes() for model in states.values())
+        steady = base + offloaded
+        load_peak, held = 0, 0
+        for role, model in states.items():  # models load one after another; earlier ones are offloaded by then
+            load_peak = max(load_peak, base + held + loading[role])
+            held += model.host_bytes()
+        rank0 = max(steady, load_peak)
+        other = steady if rank0_init else rank0
+    else:
+        device_peak = max(phase.total for phase in phases)
+        actor = states["actor"]
+        load_peak = base + loading["actor"] + actor.param_bytes
+        rank0 = max(base + device_peak, load_peak)
+        other = rank0 if not rank0_init else max(base + device_peak, base + actor.param_bytes)
+    workers = config.trainer.n_gpus_per_node
+    node = {
+        "worker rank 0": rank0,
+        f"other workers ({workers - 1})": other * (workers - 1),
+        "driver (process + dataset files)": driver_bytes(config),
+        "Ray object store (one step's batch)": object_store_bytes(config, device.on_gpu),
+    }
+    return {"rank 0": rank0, "other ranks": other}, node
+
+
+def _flops(
+    config: Any, size: ModelSize, world: int, states: dict[str, ModelStates], prompt_fill: float, response_fill: float
+) -> StepFlops:
+    data, worker = config.data, config.worker
+    length = prompt_fill * data.max_prompt_length + response_fill * data.max_response_length
+    images = images_per_sample(config, size)
+    vision = 0.0
+    if size.vision_shape is not None and images:
+        prompt = int(prompt_fill * data.max_prompt_length)
+        patches = patches_per_image(size.vision_shape, data.max_pixels or 0, images, prompt)
+        vision = 2.0 * size.vision * images * patches
+    text = size.text
+    forward = forward_flops(size.matmul_language, text.layers, text.heads * text.head_dim, length, vision)
+    samples = data.rollout_batch_size * worker.rollout.n
+    old_pass = not reuses_update_log_probs(config, samples, world, config.trainer.critic_warmup + 1)
+    return step_flops(
+        forward,
+        samples,
+        length,
+        old_pass=old_pass,
+        ref_pass=not config.algorithm.disable_kl,
+        critic="critic" in states,
+        ppo_epochs=worker.actor.ppo_epochs,
+        critic_epochs=worker.critic.ppo_epochs,
+        checkpointing=worker.actor.model.enable_gradient_checkpointing,
+    )
