@@ -176,6 +176,9 @@ def test_last_line_and_cli(tiny_qwen2_5_vl_dir, tiny_dataset_dir, capsys):
     assert LAST_LINE.match(last) and last.startswith("plan: fits=yes")
     assert main([*args[:-2], "--gpu", "V100"]) == 2
     assert "unknown GPU" in capsys.readouterr().err
+    missing = tiny_dataset_dir / "no_such_model"
+    assert main([args[0], f"worker.actor.model.model_path={missing}", *args[2:]]) == 2
+    assert f"cannot read the config.json of worker.actor.model.model_path={missing}" in capsys.readouterr().err
 
 
 def test_72b_on_one_gpu_is_refused_with_numbers_and_skip_lets_it_pass(tmp_path, tiny_dataset_dir):

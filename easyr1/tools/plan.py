@@ -67,9 +67,16 @@ def main(argv: list[str] | None = None) -> int:
             device = run_device(config)
             if device is None:
                 raise UserError("no GPU is visible here to plan this GPU run for: pass --gpu NAME (e.g. --gpu H100)")
-        plan, suggestions = plan_run(
-            config, device, mfu=args.mfu, prompt_fill=args.prompt_fill, response_fill=args.response_fill
-        )
+        try:
+            plan, suggestions = plan_run(
+                config, device, mfu=args.mfu, prompt_fill=args.prompt_fill, response_fill=args.response_fill
+            )
+        except OSError as error:  # a hub id with no network and no cached config.json, a missing directory
+            raise UserError(
+                f"cannot read the config.json of worker.actor.model.model_path={config.worker.actor.model.model_path}"
+                f" ({type(error).__name__}: {str(error).splitlines()[0]}); download the model or point the key at a "
+                "local directory holding its config.json"
+            ) from None
     except UserError as error:
         print(f"easyr1: error: {error}", file=sys.stderr)
         return 2
