@@ -206,6 +206,7 @@ class MultiTurnRollout:
                 self._start(env, seed, uid, observation)
                 for env, seed, uid, observation in zip(environments, seeds, uids, firsts)
             ]
+            position = {id(episode): index for index, episode in enumerate(episodes)}  # each one's sampling seed
             for turn in range(self.env.max_turns):
                 live = [e for e in episodes if not e.done]
                 for episode in live:  # another full turn must fit the response budget
@@ -215,7 +216,7 @@ class MultiTurnRollout:
                 if not live:
                     break
                 first_seed = round_first_seed(self.config.worker.rollout.seed, step, round_offset + turn, len(seeds))
-                row_seeds = [first_seed + episodes.index(e) for e in live]
+                row_seeds = [first_seed + position[id(e)] for e in live]
                 outputs = self._generate(live, row_seeds, sampling)
                 stepped = [self._play_turn(episode, outputs, row, turn) for row, episode in enumerate(live)]
                 going_on = [(episode, obs) for episode, obs in zip(live, stepped) if obs is not None]
