@@ -26,6 +26,7 @@ from tqdm import tqdm
 from easyr1.algorithms import (
     build_kl_controller,
     compute_advantages,
+    episode_advantages,
     estimator_needs,
     kl_in_reward,
     masked_mean,
@@ -134,9 +135,13 @@ class Trainer:
         device = resolve_device(config.trainer.device, ray.cluster_resources())
         worker_config = copy.deepcopy(config)
         worker_config.trainer.device = device  # every worker uses the device decided here, and checks it has it
-        if config.env.enabled and config.worker.actor.share_prompt:
+        if config.env.enabled and config.env.context == "full" and config.worker.actor.share_prompt:
             # a trajectory's images sit in its response region too, which a prompt shared by a group cannot carry
-            print("easyr1: worker.actor.share_prompt is off for agent runs (observations hold images)", flush=True)
+            print(
+                "easyr1: worker.actor.share_prompt is off for agent runs with env.context=full (observations hold "
+                "images)",
+                flush=True,
+            )
             worker_config.worker.actor.share_prompt = False
             worker_config.fill_derived()
         # on CPU a node's workers share its cores; more threads than cores only adds contention
@@ -255,7 +260,8 @@ class Trainer:
         # 2. Old log-probs, and the reference's and the critic's where the algorithm needs them, on a batch reordered
         #    so that every worker's share holds a similar number of tokens.
         batch, order = self._balanced(batch)
-        on_policy = reuses_update_log_probs(self.config, len(batch), self.workers.num_workers, step)
+        samples = len(batch) // self.rollout.rows_per_sample
+        on_policy = reuses_update_log_probs(self.config, samples, self.workers.num_workers, step)
         batch = self._compute_experience(batch, on_policy, timings)
         if not on_policy:
             metrics.update(self._old_policy_metrics(batch))
@@ -358,8 +364,7 @@ class Trainer:
     def _advantages(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Advantages and returns by ``algorithm.adv_estimator``, each estimator taking the inputs it names."""
         algorithm = self.config.algorithm
-        return compute_advantages(
-            algorithm.adv_estimator,
+        inputs = dict(
             token_level_rewards=batch["token_level_rewards"],
             response_mask=batch["response_mask"],
             index=batch["uid"],
@@ -370,6 +375,9 @@ class Trainer:
             norm_adv_by_std=algorithm.norm_adv_by_std,
             **{key: batch[key] for key in ("values", "reward_baselines", "turn_ids") if key in batch},
         )
+        if "episode_index" in batch:  # an episode's turns are separate rows: one advantage per episode
+            return episode_advantages(algorithm.adv_estimator, episode_index=batch["episode_index"], **inputs)
+        return compute_advantages(algorithm.adv_estimator, **inputs)
 
     def _update(
         self, batch: Batch, step: int, on_policy: bool, timings: dict[str, float], metrics: dict[str, float]
@@ -379,15 +387,16 @@ class Trainer:
         update returns the old log-probs of its own forward, which join the batch with their ``rollout/`` metrics.
         Returns the batch and each worker's metrics."""
         config, algorithm = self.config, self.config.algorithm
-        n, num_workers = config.worker.rollout.n, self.workers.num_workers
+        # a mini-batch is global_batch_size prompts: n samples each, and each sample's training rows
+        rows_per_prompt, num_workers = config.worker.rollout.n * self.rollout.rows_per_sample, self.workers.num_workers
         temperature = config.worker.rollout.temperature
         worker_metrics: list[dict[str, float]] = []
         if self.uses_critic:
             critic_view = batch.select(*ACTOR_FIELDS, "values", "returns")
-            critic_mini_batch = config.worker.critic.global_batch_size * n // num_workers
+            critic_mini_batch = config.worker.critic.global_batch_size * rows_per_prompt // num_workers
             with timed(timings, "update_critic"):
                 worker_metrics += self.workers.run_split("update_critic", critic_view, critic_mini_batch)
-        mini_batch_size = config.worker.actor.global_batch_size * n // num_workers
+        mini_batch_size = config.worker.actor.global_batch_size * rows_per_prompt // num_workers
         if on_policy:
             update_fields = [*ACTOR_FIELDS, "advantages"]
             update_fields += [key for key in ("ref_log_probs",) if key in batch]
@@ -417,13 +426,18 @@ class Trainer:
     ) -> dict[str, float]:
         """The step's logged metrics: batch, reward, length and advantage statistics, the workers' metrics
         averaged, timings and throughput."""
-        scores, sub_scores = rewards.scores, rewards.sub_scores
         mask = batch["response_mask"].bool()
-        lengths = mask.sum(dim=-1).float()
-        prompt_lengths = batch["attention_mask"][:, : batch["prompts"].shape[1]].sum(dim=-1).float()
+        real = mask.any(dim=-1)  # every sample has a token; only the padding rows of split episodes have none
+        scores = rewards.scores[real]
+        sub_scores = {
+            key: [value for value, keep in zip(values, real.tolist()) if keep]
+            for key, values in rewards.sub_scores.items()
+        }
+        lengths = mask[real].sum(dim=-1).float()
+        prompt_lengths = batch["attention_mask"][real, : batch["prompts"].shape[1]].sum(dim=-1).float()
         max_response = self.config.data.max_response_length
         metrics: dict[str, float] = {
-            "batch/samples": float(len(batch)),
+            "batch/samples": float(real.sum()),
             "reward/overall": scores.mean().item(),
             "reward/overall_max": scores.max().item(),
             "reward/overall_min": scores.min().item(),

@@ -1,8 +1,10 @@
 """A tiny agent run end to end (Ray workers, FSDP2 on gloo, the rollout engine, the trainer): two steps on vLLM and
 on the HF engine, with an image on every turn, validation on held-out seeds, and the vLLM-vs-actor log-prob gap
-of multi-turn image trajectories below 1e-3 in fp32."""
+of multi-turn image trajectories below 1e-3 in fp32; and on vLLM with each turn its own row (env.context=latest)."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from agent_envs import ColourEnv
@@ -20,9 +22,11 @@ def ray_cluster():
     ray.shutdown()
 
 
-def agent_run(model_dir, data_dir, run_dir, engine: str, estimator: str) -> tuple[list[dict[str, float]], list[dict]]:
-    """Two steps of 4 seeds x 4 episodes, 3 turns each, validation after the last; returns the metrics and the last
-    step's episode records."""
+def agent_run(
+    model_dir, data_dir, run_dir, engine: str, estimator: str, context: str
+) -> tuple[list[dict[str, float]], list[dict], object]:
+    """Two steps of 4 seeds x 4 episodes, 3 turns each, validation after the last; returns the metrics, the last
+    step's episode records and the trainer's log directory."""
     from easyr1.trainer import Trainer
 
     ENVIRONMENTS.register("test_colour")(ColourEnv)
@@ -38,6 +42,8 @@ def agent_run(model_dir, data_dir, run_dir, engine: str, estimator: str) -> tupl
         "worker.rollout.max_model_len=160",
         f"worker.rollout.name={engine}",
         f"algorithm.adv_estimator={estimator}",
+        f"env.context={context}",
+        "trainer.rollouts_to_log=2",
         "data.rollout_batch_size=4",
         "worker.actor.global_batch_size=4",
         "worker.rollout.n=4",
@@ -50,29 +56,39 @@ def agent_run(model_dir, data_dir, run_dir, engine: str, estimator: str) -> tupl
     )
     trainer = Trainer(config)
     episodes: list[dict] = []
-    original = trainer.rollout.assemble
+    method = "assemble" if context == "full" else "assemble_turn_rows"
+    original = getattr(trainer.rollout, method)
 
     def keep_episodes(finished):
         batch = original(finished)
-        episodes[:] = list(batch["episode"])
+        episodes[:] = [record for record in batch["episode"] if record is not None]
         return batch
 
-    trainer.rollout.assemble = keep_episodes
+    setattr(trainer.rollout, method, keep_episodes)
     try:
-        return trainer.fit(), episodes
+        return trainer.fit(), episodes, trainer.log_dir
     finally:
         trainer.shutdown()
 
 
-# GRPO on vLLM; the turn-level GAE (with its critic) on the HF engine
-@pytest.mark.parametrize("engine, estimator", [("vllm", "grpo"), ("hf", "turn_gae")])
-def test_two_agent_steps_with_images_on_every_turn(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path, engine, estimator):
-    history, episodes = agent_run(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path / "run", engine, estimator)
+# GRPO on vLLM; the turn-level GAE (with its critic) on the HF engine; GRPO on vLLM with one row per turn
+@pytest.mark.parametrize(
+    "engine, estimator, context", [("vllm", "grpo", "full"), ("hf", "turn_gae", "full"), ("vllm", "grpo", "latest")]
+)
+def test_two_agent_steps_with_images_on_every_turn(
+    tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path, engine, estimator, context
+):
+    history, episodes, log_dir = agent_run(
+        tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path / "run", engine, estimator, context
+    )
     assert len(history) == 2
     for step in history:
-        assert step["batch/samples"] == 16
+        # a sample is an episode, or (latest) one turn of one: the padding rows of shorter episodes are not counted
+        samples = 16 if context == "full" else step["env/turns"] * 16
+        assert step["batch/samples"] == pytest.approx(samples)
         assert 1.0 <= step["env/turns"] <= 3.0 and 0.0 <= step["env/success_rate"] <= 1.0
         assert step["env/tokens_per_turn"] > 0
+        assert 0 < step["response_length/mean"] <= (12 if context == "full" else 4)  # model tokens of a sample
     assert "val/success_rate" in history[-1] and "val/reward_score" in history[-1]
     # several turns, each after an observation with its image
     long_ones = [episode for episode in episodes if len(episode["turns"]) >= 2]
@@ -81,3 +97,11 @@ def test_two_agent_steps_with_images_on_every_turn(tiny_qwen2_5_vl_dir, tiny_dat
         assert all("critic/vf_loss" in step for step in history)
     if engine == "vllm":  # the engine's log-probs are the actor's, image turns included (fp32)
         assert max(step["rollout/log_prob_gap_max"] for step in history) < 1e-3
+    # the rollout log shows each logged episode once, turn by turn, with its observation's image and its return
+    logged = [json.loads(line) for line in (log_dir / "rollouts.jsonl").read_text().splitlines()]
+    responses = [response for prompt in logged[-1]["prompts"] for response in prompt["responses"]]
+    assert len(responses) == 2 * 4
+    for response in responses:
+        turns = response["episode"]["turns"]
+        assert all(len(turn["images"]) == 1 for turn in turns)
+        assert response["score"] == pytest.approx(sum(turn["reward"] for turn in turns))

@@ -290,3 +290,61 @@ def test_shuffled_images_come_from_other_episodes_and_are_seeded(tiny_qwen2_5_vl
     shuffled = first_colours(control)
     assert sorted(shuffled) == sorted(own) and shuffled != own
     assert first_colours(control) == shuffled
+
+
+def test_latest_context_makes_each_turn_its_own_row(tiny_qwen2_5_vl_dir, tiny_dataset_dir, model_parts):
+    """env.context=latest: every turn is generated from the system prompt and its observation only, and becomes a
+    row of its own (prompt = that window, response = the turn, its reward on its last token); turns an episode did
+    not play are padding rows with nothing to train on; the episode's first row carries its record and images."""
+    tokenizer, processor, model_config = model_parts
+    stage = make_stage(tiny_qwen2_5_vl_dir, tiny_dataset_dir, model_parts, answer_on_turn(1), "env.context=latest")
+    rollout = stage.collect(EpisodeSeeds(5, None, 2).next(), step=1)
+    batch, rewards = rollout.batch, rollout.rewards.result()
+    assert len(batch) == 4 * 3  # 2 seeds x 2 episodes, max_turns rows each
+    assert batch["episode_index"].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert list(batch["uid"]) == ["1-0"] * 6 + ["1-1"] * 6
+    image_pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    settings = MRopeSettings.from_model_config(model_config)
+    encoder = stage.encoder
+    script = answer_on_turn(1)
+    prompt_width = batch["prompts"].shape[1]
+    for episode_number in range(4):
+        seed = 5 + episode_number // 2
+        rows = [episode_number * 3 + turn for turn in range(3)]
+        record = batch["episode"][rows[0]]
+        assert record["seed"] == seed and [turn["reward"] for turn in record["turns"]] == [-0.1, 1.0]
+        assert batch["episode"][rows[1]] is None and batch["episode"][rows[2]] is None
+        assert len(batch["episode_images"][rows[0]]) == 2 and batch["episode_images"][rows[1]] is None
+        env = ColourEnv()
+        observations = [env.reset(seed)]
+        observations.append(env.step(" nothing")[0])
+        for turn, row in enumerate(rows[:2]):
+            window = encoder.first("Name the colour.", observations[turn], "test")
+            prompt = batch["prompts"][row][batch["attention_mask"][row, :prompt_width].bool()]
+            assert prompt.tolist() == window.ids and prompt.tolist().count(image_pad) == 4
+            assert window.ids in stage.seen_prompts  # what the engine saw is what the actor trains on
+            assert list(batch["raw_prompt_ids"][row]) == window.raw_ids
+            loss = batch["response_mask"][row].bool()
+            expected = tokenizer.encode(script(seed, turn), add_special_tokens=False)[:4]
+            assert batch["responses"][row][loss].tolist() == expected
+            assert loss[: len(expected)].all() and not loss[len(expected) :].any()
+            assert batch["attention_mask"][row, prompt_width:].tolist() == loss.long().tolist()
+            assert (batch["turn_ids"][row][loss] == turn).all() and (batch["turn_ids"][row][~loss] == -1).all()
+            scores = batch["token_level_scores"][row]
+            assert scores[len(expected) - 1].item() == pytest.approx([-0.1, 1.0][turn]) and scores.count_nonzero() == 1
+            assert rewards.scores[row].item() == pytest.approx([-0.1, 1.0][turn])
+            assert batch["multi_modal_inputs"][row]["image_grid_thw"].tolist() == [[1, 4, 4]]
+            positions = get_rope_index(
+                batch["input_ids"][row],
+                settings,
+                batch["multi_modal_inputs"][row]["image_grid_thw"],
+                attention_mask=batch["attention_mask"][row],
+            )
+            torch.testing.assert_close(batch["position_ids"][row, 1:], positions)
+        padding = rows[2]  # the episode ended on turn 1: its third row holds nothing to train on
+        assert batch["attention_mask"][padding].sum() == 1 and batch["response_mask"][padding].sum() == 0
+        assert batch["token_level_scores"][padding].abs().sum() == 0 and rewards.scores[padding] == 0
+        assert batch["multi_modal_inputs"][padding] == {}
+    # no prompt the engine saw held an earlier turn: one image each, never a model's answer
+    assert all(prompt.count(image_pad) == 4 for prompt in stage.seen_prompts) and len(stage.seen_prompts) == 8
+    assert rollout.metrics["env/success_rate"] == 1.0 and rollout.metrics["env/turns"] == 2.0

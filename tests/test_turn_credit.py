@@ -24,6 +24,7 @@ from easyr1.algorithms import (
     compute_reinforce_plus_plus_baseline_advantages,
     compute_rloo_advantages,
     compute_turn_gae_advantages,
+    episode_advantages,
     estimator_needs,
     place_scores_on_last_token,
     place_turn_rewards,
@@ -393,3 +394,70 @@ def test_every_estimator_leaves_environment_tokens_exactly_zero(name: str) -> No
     outside = MASK == 0
     assert torch.all(advantages[outside] == 0) and torch.all(returns[outside] == 0)
     assert torch.any(advantages[~outside] != 0)
+
+
+# ------------------------------------------------------------------------ one row per turn (env.context=latest)
+
+# Two seeds (uids "a", "b"), two episodes each; each episode's turns are rows, padded to 3 rows. Rewards per turn:
+#   episode 0 (a): turns -0.1, 1.0  -> return 0.9        episode 1 (a): turns -0.1, -0.1, 0.0 -> return -0.2
+#   episode 2 (b): turn 1.0         -> return 1.0        episode 3 (b): turns 0.5, 0.5        -> return 1.0
+ROW_TURN_REWARDS = [[-0.1, 1.0, None], [-0.1, -0.1, 0.0], [1.0, None, None], [0.5, 0.5, None]]
+ROW_LENGTHS = [2, 3, 1]  # model tokens of each turn's row (a padding row has none)
+
+
+def turn_rows() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
+    rewards, mask = torch.zeros(12, 4), torch.zeros(12, 4, dtype=torch.long)
+    for episode, turns in enumerate(ROW_TURN_REWARDS):
+        for turn, reward in enumerate(turns):
+            if reward is not None:
+                row, length = episode * 3 + turn, ROW_LENGTHS[turn]
+                mask[row, :length] = 1
+                rewards[row, length - 1] = reward
+                rewards[row, length:] = 9.0  # outside the mask: must count nowhere
+    episode_index = torch.arange(4).repeat_interleave(3)
+    return rewards, mask, episode_index, ["a"] * 6 + ["b"] * 6
+
+
+def test_episode_advantages_give_every_turn_its_episodes_grpo_advantage() -> None:
+    rewards, mask, episode_index, uids = turn_rows()
+    advantages, returns = episode_advantages("grpo", rewards, mask, episode_index, uids, norm_adv_by_std=True)
+    # group a: returns 0.9 and -0.2, mean 0.35, unbiased std = |0.9 - (-0.2)| / sqrt(2) = 1.1 / sqrt(2)
+    std_a = 1.1 / math.sqrt(2)
+    expected = [0.55 / (std_a + 1e-6), -0.55 / (std_a + 1e-6), 0.0, 0.0]  # group b: equal returns -> 0
+    for row in range(12):
+        episode = row // 3
+        want = expected[episode] * mask[row].double()
+        torch.testing.assert_close(advantages[row].double(), want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(returns, advantages)
+    assert (advantages[2] == 0).all()  # episode 0's padding row
+
+
+def test_episode_advantages_equal_the_estimator_on_the_episodes_as_single_samples() -> None:
+    # RLOO with an in-reward KL spread over every model token: the episode's score is everything its rows earned
+    rewards, mask, episode_index, uids = turn_rows()
+    rewards = torch.where(mask.bool(), rewards - 0.01, rewards)
+    advantages, _ = episode_advantages("rloo", rewards, mask, episode_index, uids)
+    totals = [sum((rewards[row] * mask[row]).sum().item() for row in range(e * 3, e * 3 + 3)) for e in range(4)]
+    single, _ = compute_rloo_advantages(torch.tensor(totals), torch.ones(4, 1), ["a", "a", "b", "b"])
+    for row in range(12):
+        torch.testing.assert_close(advantages[row], single[row // 3, 0] * mask[row].float(), rtol=1e-6, atol=1e-7)
+    # episode 0: turns of 2 and 3 model tokens (5 KL terms); episode 1: 2 + 3 + 1 (6); RLOO of two: the difference
+    assert totals[0] == pytest.approx(0.9 - 0.01 * 5) and totals[1] == pytest.approx(-0.2 - 0.01 * 6)
+    assert advantages[0, 0].item() == pytest.approx(totals[0] - totals[1], abs=1e-6)
+
+
+def test_episode_advantages_refuse_a_per_token_estimator() -> None:
+    rewards, mask, episode_index, uids = turn_rows()
+    with pytest.raises(ValueError, match="one advantage per token"):
+        episode_advantages("reinforce_plus_plus", rewards, mask, episode_index, uids)
+
+
+def test_latest_context_needs_an_estimator_with_one_advantage_per_sample(monkeypatch) -> None:
+    monkeypatch.setitem(ENVIRONMENTS._entries, "credit_test_env", Environment)
+    monkeypatch.setitem(ENVIRONMENTS._traits, "credit_test_env", None)
+    env = ["env.name=credit_test_env", "env.context=latest"]
+    assert load_config([*SMALL, *env, "algorithm.adv_estimator=rloo"]).env.context == "latest"
+    with pytest.raises(ConfigError, match="env.context=latest .*algorithm.adv_estimator=turn_gae gives one per token"):
+        load_config([*SMALL, *env, "algorithm.adv_estimator=turn_gae"])
+    with pytest.raises(ConfigError, match="env.context='window'"):
+        load_config([*SMALL, "env.name=credit_test_env", "env.context=window"])

@@ -29,6 +29,7 @@ from easyr1.algorithms.aggregation import (
     masked_mean,
     register_loss_aggregation,
 )
+from easyr1.algorithms.episode_rows import episode_advantages
 from easyr1.algorithms.filtering import filter_groups
 from easyr1.algorithms.kl import KL_ESTIMATORS, kl_in_reward, kl_penalty, register_kl_estimator
 from easyr1.algorithms.kl_controller import (
@@ -97,6 +98,7 @@ __all__ = [
     "compute_turn_gae_advantages",
     "count_normalizers",
     "entropy_from_logits",
+    "episode_advantages",
     "filter_groups",
     "get_adv_estimator",
     "get_policy_loss",

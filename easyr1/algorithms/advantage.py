@@ -35,12 +35,16 @@ class EstimatorNeeds:
         min_group_size: fewest samples per prompt (``worker.rollout.n``) the estimator can compare.
         turn_ids: each token's turn index as ``turn_ids``, which only a multi-turn rollout (the ``env`` section)
             gives.
+        one_per_sample: the advantage is one number per sample, put on all its tokens, and depends on the sample's
+            rewards only through their sum; so an episode whose turns are separate rows (``env.context=latest``)
+            can be scored as one sample and share its advantage with all its rows.
     """
 
     critic: bool = False
     greedy_baseline: bool = False
     min_group_size: int = 1
     turn_ids: bool = False
+    one_per_sample: bool = False
 
 
 def register_adv_estimator(
@@ -191,7 +195,7 @@ def _group_members(group_ids: torch.Tensor, counts: torch.Tensor) -> tuple[torch
     return order.split([int(count) for count in counts.tolist()])
 
 
-@register_adv_estimator("grpo", needs=EstimatorNeeds(min_group_size=2))
+@register_adv_estimator("grpo", needs=EstimatorNeeds(min_group_size=2, one_per_sample=True))
 def compute_grpo_advantages(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -229,7 +233,7 @@ def compute_grpo_advantages(
     return token_advantages, token_advantages
 
 
-@register_adv_estimator("grpo_passk", needs=EstimatorNeeds(min_group_size=2))
+@register_adv_estimator("grpo_passk", needs=EstimatorNeeds(min_group_size=2, one_per_sample=True))
 def compute_grpo_passk_advantages(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -273,7 +277,7 @@ def compute_grpo_passk_advantages(
     return token_advantages, token_advantages
 
 
-@register_adv_estimator("rloo", needs=EstimatorNeeds(min_group_size=2))
+@register_adv_estimator("rloo", needs=EstimatorNeeds(min_group_size=2, one_per_sample=True))
 def compute_rloo_advantages(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,

@@ -171,7 +171,7 @@ def check_sizes(
 def check_estimator_env(algorithm: AlgorithmConfig, env: EnvConfig, data: DataConfig, problems: list[str]) -> None:
     """An estimator that reads each token's turn (``turn_gae``) needs a multi-turn run (the ``env`` section); an
     agent run needs a turn that fits the response budget, and no DAPO refills or greedy-baseline round (the
-    multi-turn stage plays neither)."""
+    multi-turn stage plays neither); ``env.context=latest`` needs an estimator with one advantage per sample."""
     needs = _estimator_needs(algorithm.adv_estimator)
     if needs.turn_ids and not env.enabled:
         problems.append(
@@ -181,10 +181,18 @@ def check_estimator_env(algorithm: AlgorithmConfig, env: EnvConfig, data: DataCo
     if not env.enabled:
         return
     if env.max_tokens_per_turn > data.max_response_length:
+        bound = "a whole trajectory after its first observation" if env.context == "full" else "one turn"
         problems.append(
             f"env.max_tokens_per_turn={env.max_tokens_per_turn} exceeds data.max_response_length="
-            f"{data.max_response_length}, which bounds a whole trajectory after its first observation; raise "
-            "data.max_response_length (turns and observations both count) or lower env.max_tokens_per_turn"
+            f"{data.max_response_length}, which bounds {bound}; raise data.max_response_length or lower "
+            "env.max_tokens_per_turn"
+        )
+    if env.context == "latest" and algorithm.adv_estimator in ADV_ESTIMATORS and not needs.one_per_sample:
+        usable = ", ".join(name for name in ADV_ESTIMATORS.names() if estimator_needs(name).one_per_sample)
+        problems.append(
+            f"env.context=latest trains each turn as its own sequence and gives it its episode's advantage, which "
+            f"needs one advantage per sample; algorithm.adv_estimator={algorithm.adv_estimator} gives one per "
+            f"token. Use one of {usable}, or env.context=full"
         )
     if algorithm.online_filtering:
         problems.append("algorithm.online_filtering (DAPO refills) is not available for agent runs (env section)")

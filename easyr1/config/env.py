@@ -25,6 +25,11 @@ class EnvConfig:
     env_kwargs: dict[str, Any] = option({}, "keyword arguments the environment class is built with")
     max_turns: int = option(5, "turns per episode at most (an episode also ends when the environment says done)")
     max_tokens_per_turn: int = option(64, "new tokens the model may generate in one turn")
+    context: str = option(
+        "full",
+        "what each turn's prompt holds: full (every earlier turn; an episode is one training sequence) or latest "
+        "(the system prompt and the latest observation only; each turn is its own training sequence)",
+    )
     seed: int = option(0, "first training seed: group k of the run plays the episode of seed + k")
     num_seeds: int | None = option(
         None, "training seeds cycle through [seed, seed + num_seeds) (null: a new seed for every group, none repeats)"
@@ -42,6 +47,9 @@ class EnvConfig:
         return self.name is not None or self.env_class is not None
 
 
+# What a turn's prompt can hold (see EnvConfig.context).
+CONTEXTS = ("full", "latest")
+
 # Value rules of single keys, relative to ``env``.
 ENV_RANGES = {
     "max_turns": AT_LEAST_ONE,
@@ -54,12 +62,13 @@ ENV_RANGES = {
 
 
 def check_env_names(env: EnvConfig, problems: list[str]) -> None:
-    """One of name / env_class, a registered name, a python file for the class."""
+    """One of name / env_class, a registered name, a python file for the class, a known context."""
     if env.name is not None and env.env_class is not None:
         problems.append(
             f"env.name={env.name!r} and env.env_class={env.env_class!r} are both set; keep one (a registered "
             "environment, or your own class)"
         )
+    one_of(problems, "env.context", env.context, CONTEXTS)
     if env.name is not None:
         from easyr1.envs import ENVIRONMENTS
 

@@ -17,7 +17,9 @@ When the batch comes from the multi-turn stage (it has ``episode`` records), a p
 
 where turn ``t``'s images are those of the observation the model saw right before it (``r`` numbers the responses
 of the prompt, in order), ``action`` is the environment's parsed action as text (null when it read none), and the
-response's ``text`` is its turns' texts separated by blank lines.
+response's ``text`` is its turns' texts separated by blank lines. When an episode's turns are separate rows
+(``env.context=latest``), its first row carries the record and the images of all its turns (``episode_images``);
+the episode is one response all the same.
 """
 
 from __future__ import annotations
@@ -108,10 +110,18 @@ def write_rollouts(
     step_dir = f"rollouts/step_{step}"
     lengths = batch["response_mask"].sum(dim=-1).tolist()
     episodes = batch["episode"] if "episode" in batch else [None] * len(batch)
+    if "episode_images" in batch:  # one row per turn: the episode's first row speaks for it
+        images_of = list(batch["episode_images"])
+        shown = [row for row in range(len(batch)) if episodes[row] is not None]
+    else:
+        images_of = [(batch["multi_modal_data"][row] or {}).get("images", []) for row in range(len(batch))]
+        shown = list(range(len(batch)))
+    uids = list(batch["uid"])
     prompts = []
-    for index, rows in enumerate(group_rows(list(batch["uid"]), count)):
+    for index, group in enumerate(group_rows([uids[row] for row in shown], count)):
+        rows = [shown[position] for position in group]
         first = rows[0]
-        images = list((batch["multi_modal_data"][first] or {}).get("images", []))
+        images = list(images_of[first])
         if episodes[first] is not None and episodes[first]["turns"]:
             # the prompt of an episode is its first observation; later images belong to the turns
             images = images[: int(episodes[first]["turns"][0]["observation_images"])]
@@ -121,13 +131,16 @@ def write_rollouts(
             if episodes[row] is None:
                 text = tokenizer.decode(batch["responses"][row, : lengths[row]].tolist(), skip_special_tokens=True)
             else:
-                row_images = list((batch["multi_modal_data"][row] or {}).get("images", []))
-                episode = episode_entry(episodes[row], row_images, log_dir, f"{step_dir}/p{index}_r{position}")
+                episode = episode_entry(
+                    episodes[row], list(images_of[row]), log_dir, f"{step_dir}/p{index}_r{position}"
+                )
                 # the response region interleaves turns and observations, so the text comes from the turns
                 text = "\n\n".join(turn["text"] for turn in episode["turns"])
+            # an episode's score is its return (with one row per turn, a row scores its turn only)
+            score = sum(turn["reward"] for turn in episode["turns"]) if episode is not None else float(scores[row])
             response: dict[str, Any] = {
                 "text": text,
-                "score": float(scores[row]),
+                "score": float(score),
                 "sub_scores": {key: float(values[row]) for key, values in sub_scores.items() if key != "overall"},
             }
             if episode is not None:

@@ -107,6 +107,10 @@ class Episode:
     raw_prompt_length: int  # the same piece's unexpanded tokens
     images: list[Image.Image]
     vision: list[dict[str, torch.Tensor]]
+    system_prompt: str = ""
+    windows: list[Piece] = field(default_factory=list)  # env.context=latest: the prompt each turn saw
+    responses: list[list[int]] = field(default_factory=list)  # each turn's generated tokens
+    response_log_probs: list[list[float]] = field(default_factory=list)  # their rollout log-probs
     loss_mask: list[int] = field(default_factory=list)  # over ids[prompt_length:]
     log_probs: list[float] = field(default_factory=list)  # over ids[prompt_length:]
     turn_ids: list[int] = field(default_factory=list)  # over ids[prompt_length:]
@@ -158,6 +162,9 @@ class MultiTurnRollout:
         self.mrope = MRopeSettings.from_model_config(model_config) if is_mrope_config(model_config) else None
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_token_id = int(pad)
+        self.full_context = config.env.context == "full"
+        # training rows per episode: one trajectory, or (env.context=latest) one per turn, padded to max_turns
+        self.rows_per_sample = 1 if self.full_context else config.env.max_turns
         self.samples_generated = 0
         self.steps = ThreadPoolExecutor(max_workers=1, thread_name_prefix="env-step")
 
@@ -170,9 +177,10 @@ class MultiTurnRollout:
         timings: dict[str, float] = {}
         with timed(timings, "gen"):
             episodes = self.play(seeds, uids, step, round_offset=0, sampling=self.sampling())
-        batch = self.assemble(episodes)
-        returns = torch.tensor([sum(turn.reward for turn in episode.turns) for episode in episodes])
-        rewards = Rewards(returns.float(), {"overall": returns.tolist()})  # success etc. are env/ metrics
+        batch = self.assemble(episodes) if self.full_context else self.assemble_turn_rows(episodes)
+        # a row's score: its episode's return, or (one row per turn) its turn's reward; success etc. are env/ metrics
+        scores = batch["token_level_scores"].sum(dim=-1)
+        rewards = Rewards(scores, {"overall": scores.tolist()})
         return Rollout(batch, PendingRewards(rewards), episode_metrics(episodes, "env"), timings)
 
     def sampling(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -210,7 +218,7 @@ class MultiTurnRollout:
             for turn in range(self.env.max_turns):
                 live = [e for e in episodes if not e.done]
                 for episode in live:  # another full turn must fit the response budget
-                    if episode.response_length + per_turn > budget:
+                    if self.full_context and episode.response_length + per_turn > budget:
                         episode.done = episode.truncated = True
                 live = [e for e in live if not e.done]
                 if not live:
@@ -241,17 +249,31 @@ class MultiTurnRollout:
         system_prompt = self._call(env.system_prompt, where)
         if not isinstance(system_prompt, str):
             raise EnvError(f"{where}: system_prompt() returned {type(system_prompt).__name__}, not a str")
+        piece = self._window(system_prompt, observation, where)
+        vision = [piece.vision] if piece.vision else []
+        raw_ids, ids = list(piece.raw_ids), list(piece.ids)
+        episode = Episode(seed, uid, env, raw_ids, ids, len(ids), len(raw_ids), list(piece.images), vision)
+        episode.system_prompt, episode.windows = system_prompt, [piece]
+        episode.last_observation_images = len(piece.images)
+        return episode
+
+    def _window(self, system_prompt: str, observation: Observation, where: str) -> Piece:
+        """The system prompt and an observation as a prompt: an episode's first, and with ``env.context=latest``
+        every turn's."""
         piece = self.encoder.first(system_prompt, observation, where)
         if len(piece.ids) > self.config.data.max_prompt_length:
             raise EnvError(
-                f"{where}: the system prompt and first observation are {len(piece.ids)} tokens, longer than "
+                f"{where}: the system prompt and the observation are {len(piece.ids)} tokens, longer than "
                 f"data.max_prompt_length={self.config.data.max_prompt_length}; raise it or shorten the observation"
             )
-        vision = [piece.vision] if piece.vision else []
-        raw_ids, ids = list(piece.raw_ids), list(piece.ids)
-        episode = Episode(seed, uid, env, raw_ids, ids, len(ids), len(raw_ids), piece.images, vision)
-        episode.last_observation_images = len(piece.images)
-        return episode
+        return piece
+
+    def _context(self, episode: Episode) -> Piece:
+        """What the episode's next turn is generated from: its whole trajectory so far, or (``env.context=latest``)
+        the system prompt and its latest observation."""
+        if not self.full_context:
+            return episode.windows[-1]
+        return Piece(episode.raw_ids, episode.ids, episode.images, episode.merged_vision())
 
     def _play_turn(self, episode: Episode, outputs: Batch, row: int, turn: int) -> Observation | None:
         """Append the model's turn and step the environment with its text; returns the next observation, or None
@@ -259,11 +281,14 @@ class MultiTurnRollout:
         mask = outputs["response_mask"][row].bool()
         response = outputs["responses"][row][mask].tolist()
         log_probs = outputs["rollout_log_probs"][row][mask].tolist()
-        episode.raw_ids += response
-        episode.ids += response
-        episode.loss_mask += [1] * len(response)
-        episode.log_probs += log_probs
-        episode.turn_ids += [turn] * len(response)
+        episode.responses.append(response)
+        episode.response_log_probs.append(log_probs)
+        if self.full_context:
+            episode.raw_ids += response
+            episode.ids += response
+            episode.loss_mask += [1] * len(response)
+            episode.log_probs += log_probs
+            episode.turn_ids += [turn] * len(response)
         text = self.tokenizer.decode(response, skip_special_tokens=True)
         where = self._where(episode.seed, turn)
         result = self._call(episode.env.step, where, text)
@@ -283,10 +308,16 @@ class MultiTurnRollout:
     def _add_observation(
         self, episode: Episode, observation: Observation, turn: int, budget: int, per_turn: int
     ) -> None:
-        """Append the observation after a turn, or end the episode if it and another turn would not fit."""
-        response = episode.ids[-episode.turns[-1].tokens :] if episode.turns[-1].tokens else []
+        """Append the observation after a turn, or end the episode if it and another turn would not fit; with
+        ``env.context=latest``, make it the next turn's prompt instead."""
+        where = self._where(episode.seed, turn)
+        if not self.full_context:
+            episode.windows.append(self._window(episode.system_prompt, observation, where))
+            episode.last_observation_images = len(observation.images)
+            return
+        response = episode.responses[-1]
         ended_with_eos = bool(response) and response[-1] == self.encoder.eos_token_id
-        piece = self.encoder.next(observation, ended_with_eos, self._where(episode.seed, turn))
+        piece = self.encoder.next(observation, ended_with_eos, where)
         if episode.response_length + len(piece.ids) + per_turn > budget:
             episode.done = episode.truncated = True
             return
@@ -325,20 +356,21 @@ class MultiTurnRollout:
         self.workers.run_all("sleep_rollout")
 
     def _turn_prompts(self, live: list[Episode]) -> Batch:
-        """The live episodes' trajectories so far as prompts, left-padded to the longest."""
-        length = max(len(e.ids) for e in live)
+        """The live episodes' contexts (see :meth:`_context`) as prompts, left-padded to the longest."""
+        contexts = [self._context(episode) for episode in live]
+        length = max(len(context.ids) for context in contexts)
         input_ids = torch.full((len(live), length), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(live), length), dtype=torch.long)
-        for row, episode in enumerate(live):
-            input_ids[row, length - len(episode.ids) :] = torch.tensor(episode.ids)
-            attention_mask[row, length - len(episode.ids) :] = 1
-        vision = [episode.merged_vision() for episode in live]
+        for row, context in enumerate(contexts):
+            input_ids[row, length - len(context.ids) :] = torch.tensor(context.ids)
+            attention_mask[row, length - len(context.ids) :] = 1
+        vision = [context.vision for context in contexts]
         positions = torch.stack(
             [self._positions(input_ids[row], attention_mask[row], vision[row]) for row in range(len(live))]
         )
         non_tensors: dict[str, Any] = {
-            "raw_prompt_ids": [list(e.raw_ids) for e in live],
-            "multi_modal_data": [{"images": list(e.images)} if e.images else {} for e in live],
+            "raw_prompt_ids": [list(context.raw_ids) for context in contexts],
+            "multi_modal_data": [{"images": list(context.images)} if context.images else {} for context in contexts],
         }
         if self.config.worker.rollout.name == "hf":  # vLLM reads the images, the HF engine the processed tensors
             non_tensors["multi_modal_inputs"] = vision
@@ -405,6 +437,86 @@ class MultiTurnRollout:
                 "multi_modal_inputs": objects(vision),
                 "ground_truth": objects([f"seed {episode.seed}" for episode in episodes]),
                 "episode": objects([episode_record(episode) for episode in episodes]),
+            },
+        )
+
+    def assemble_turn_rows(self, episodes: list[Episode]) -> Batch:
+        """``env.context=latest``: every turn of every episode as its own row, ``env.max_turns`` rows per episode.
+
+        Row ``e * max_turns + k`` is turn ``k`` of episode ``e``: the prompt is the system prompt and the observation
+        that turn saw, the response the model's tokens (all trained on), ``token_level_scores`` the turn's reward on
+        its last token. Turns an episode did not play are padding rows (one prompt token, no response token, no
+        reward) that keep the row count fixed, so batches split evenly over workers and mini-batches; nothing in
+        them reaches a loss or a metric. ``episode_index`` gives every row its episode: the advantage is computed
+        once per episode (:func:`easyr1.algorithms.episode_advantages`) and shared by its rows. The first row of an
+        episode carries its report record (``episode``) and the images of all its turns (``episode_images``).
+        """
+        prompt_length, response_length = self.config.data.max_prompt_length, self.config.data.max_response_length
+        size = len(episodes) * self.rows_per_sample
+        prompts = torch.full((size, prompt_length), self.pad_token_id, dtype=torch.long)
+        responses = torch.full((size, response_length), self.pad_token_id, dtype=torch.long)
+        prompt_mask = torch.zeros((size, prompt_length), dtype=torch.long)
+        response_mask = torch.zeros((size, response_length), dtype=torch.long)
+        rollout_log_probs = torch.zeros((size, response_length), dtype=torch.float32)
+        turn_ids = torch.full((size, response_length), -1, dtype=torch.long)
+        token_level_scores = torch.zeros((size, response_length), dtype=torch.float32)
+        episode_index = torch.arange(len(episodes)).repeat_interleave(self.rows_per_sample)
+        pad_piece = Piece([self.pad_token_id], [self.pad_token_id])
+        pieces: list[Piece] = []
+        records: list[dict[str, Any] | None] = []
+        episode_images: list[list[Image.Image] | None] = []
+        for index, episode in enumerate(episodes):
+            for turn in range(self.rows_per_sample):
+                row = index * self.rows_per_sample + turn
+                first_row = turn == 0
+                records.append(episode_record(episode) if first_row else None)
+                episode_images.append([image for w in episode.windows for image in w.images] if first_row else None)
+                piece = episode.windows[turn] if turn < len(episode.turns) else pad_piece
+                pieces.append(piece)
+                prompts[row, prompt_length - len(piece.ids) :] = torch.tensor(piece.ids)
+                prompt_mask[row, prompt_length - len(piece.ids) :] = 1
+                if piece is pad_piece:
+                    continue
+                response = episode.responses[turn]
+                responses[row, : len(response)] = torch.tensor(response, dtype=torch.long)
+                response_mask[row, : len(response)] = 1
+                rollout_log_probs[row, : len(response)] = torch.tensor(episode.response_log_probs[turn])
+                turn_ids[row, : len(response)] = turn
+                token_level_scores[row, max(len(response) - 1, 0)] = episode.turns[turn].reward
+        input_ids = torch.cat([prompts, responses], dim=-1)
+        attention_mask = torch.cat([prompt_mask, response_mask], dim=-1)
+        position_ids = torch.stack(
+            [self._positions(input_ids[row], attention_mask[row], pieces[row].vision) for row in range(size)]
+        )
+        sample_ids = torch.arange(size) + self.samples_generated
+        self.samples_generated += size
+
+        def objects(values: list[Any]) -> np.ndarray:
+            return np.array(values + [None], dtype=object)[:-1]
+
+        episode_of_row = [episodes[int(index)] for index in episode_index]
+        return Batch(
+            tensors={
+                "prompts": prompts,
+                "responses": responses,
+                "response_mask": response_mask,
+                "input_ids": input_ids,
+                "attention_mask": attention_mask,
+                "position_ids": position_ids,
+                "rollout_log_probs": rollout_log_probs,
+                "turn_ids": turn_ids,
+                "token_level_scores": token_level_scores,
+                "episode_index": episode_index,
+                "sample_id": sample_ids,
+            },
+            non_tensors={
+                "uid": objects([episode.uid for episode in episode_of_row]),
+                "raw_prompt_ids": objects([list(piece.raw_ids) for piece in pieces]),
+                "multi_modal_data": objects([{"images": piece.images} if piece.images else {} for piece in pieces]),
+                "multi_modal_inputs": objects([piece.vision for piece in pieces]),
+                "ground_truth": objects([f"seed {episode.seed}" for episode in episode_of_row]),
+                "episode": objects(records),
+                "episode_images": objects(episode_images),
             },
         )
 

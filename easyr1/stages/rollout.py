@@ -127,6 +127,9 @@ class Rollout:
 class RolloutStage(Protocol):
     """Turns a step's prompts into samples with their rewards (see the module docstring for the batch's fields)."""
 
+    # Training rows per sample (the unit of `global_batch_size * n`): more than 1 when a sample is split into rows.
+    rows_per_sample: int
+
     def collect(self, prompts: Batch, step: int) -> Rollout:
         """Sample and score responses to ``prompts`` for training step ``step``."""
         ...
@@ -137,6 +140,8 @@ class SingleTurnRollout:
 
     Generation runs on the workers (each gets an equal consecutive chunk), scoring in the reward actor.
     """
+
+    rows_per_sample = 1
 
     def __init__(
         self,
