@@ -243,6 +243,19 @@ def test_agent_runs_plan_an_image_per_turn(tiny_qwen2_5_vl_dir):
     assert one_image.update.vision * config.env.max_turns == plan.update.vision
 
 
+def test_agent_runs_with_one_row_per_turn_plan_one_image_and_max_turns_rows_per_episode(tiny_qwen2_5_vl_dir):
+    base = ["config=examples/config_agent_cpu.yaml", f"worker.actor.model.model_path={tiny_qwen2_5_vl_dir}"]
+    full = plan_for(load_config([*base, "worker.actor.micro_batch_size_per_device_for_update=1000"]))
+    latest = plan_for(
+        load_config([*base, "env.context=latest", "worker.actor.micro_batch_size_per_device_for_update=1000"])
+    )
+    turns = load_config(base).env.max_turns
+    assert latest.update_batch.images == 1 and full.update_batch.images == turns
+    # the micro-batch is the worker's whole share: 16 seeds x 8 episodes over 2 workers, a row per turn in latest
+    assert full.update_batch.samples == 64 and latest.update_batch.samples == 64 * turns
+    assert latest.flops.tokens == full.flops.tokens * turns  # each row as long as the limits allow
+
+
 def test_step_flops_by_hand(tiny_qwen2_5_vl_dir, tiny_dataset_dir):
     config = cpu_config(tiny_qwen2_5_vl_dir, tiny_dataset_dir, "worker.actor.reuse_update_log_probs=false")
     plan = plan_for(config)

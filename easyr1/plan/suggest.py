@@ -11,6 +11,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
+from easyr1.plan.host import rows_per_sample
 from easyr1.plan.plan import Plan
 
 
@@ -39,8 +40,9 @@ def candidates(config: Any, plan: Plan) -> list[dict[str, Any]]:
     """Changes worth trying for ``config``, each a ``{key: value}`` of overrides."""
     actor = "worker.actor"
     found: list[dict[str, Any]] = []
-    samples = config.data.rollout_batch_size * config.worker.rollout.n
-    mini_batch = config.worker.actor.global_batch_size * config.worker.rollout.n // plan.world
+    rows_per_prompt = config.worker.rollout.n * rows_per_sample(config)
+    samples = config.data.rollout_batch_size * rows_per_prompt
+    mini_batch = config.worker.actor.global_batch_size * rows_per_prompt // plan.world
     update_mb = plan.update_batch.samples
     for smaller in dict.fromkeys((_divisor_at_most(mini_batch, update_mb // 2), 1)):
         if 0 < smaller < update_mb:

@@ -17,6 +17,10 @@ its turn (-1 elsewhere); ``token_level_scores`` holds each turn's reward (the en
 ``env.format_penalty`` when it could not read an action) on the turn's last token, so that the trajectory's return
 is the sample's score for GRPO / RLOO / REINFORCE++ and PPO's GAE sees each reward where it was earned.
 
+With ``env.context=latest`` a turn is generated from the system prompt and its own observation only, and every turn
+is its own training row (:meth:`MultiTurnRollout.assemble_turn_rows`); the trainer gives all rows of an episode the
+episode's advantage.
+
 Seeds: the environment seeds come from the step (through :class:`EpisodeSeeds`, saved with the checkpoint), the
 sampling seed of each (step, turn, episode) from ``worker.rollout.seed`` as in single-turn runs; episodes never
 span steps, so a resumed run replays exactly.

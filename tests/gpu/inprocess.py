@@ -76,6 +76,7 @@ class StepRecord:
     probe_before: torch.Tensor
     probe_after: torch.Tensor
     result_devices: set[str] = field(default_factory=set)
+    update_peak_bytes: int | None = None  # CUDA's peak allocated bytes during the actor's update (None on CPU)
 
 
 class InProcessRun:
@@ -166,6 +167,10 @@ class InProcessRun:
         before = self.probe()
         update_view = batch.select(*ACTOR_FIELDS, "old_log_probs", "advantages")
         mini_batch_size = config.worker.actor.global_batch_size * rollout.n
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
         metrics.update(self.worker.update_actor(update_view, rollout.temperature, mini_batch_size))
+        update_peak = torch.cuda.max_memory_allocated() if DEVICE == "cuda" else None
         metrics["reward/overall"] = overall.mean().item()
-        return StepRecord(metrics, batch, before, self.probe(), result_devices)
+        return StepRecord(metrics, batch, before, self.probe(), result_devices, update_peak)
