@@ -408,39 +408,54 @@ class MultiTurnRollout:
             rollout_log_probs[row, : len(rest)] = torch.tensor(episode.log_probs, dtype=torch.float32)
             turn_ids[row, : len(rest)] = torch.tensor(episode.turn_ids, dtype=torch.long)
         turn_rewards = [[turn.reward for turn in episode.turns] for episode in episodes]
-        token_level_scores = place_turn_rewards(turn_rewards, turn_ids)
-        input_ids = torch.cat([prompts, responses], dim=-1)
-        attention_mask = torch.cat([prompt_mask, response_valid], dim=-1)
+        tensors = {
+            "prompts": prompts,
+            "responses": responses,
+            "response_mask": response_mask,
+            "rollout_log_probs": rollout_log_probs,
+            "turn_ids": turn_ids,
+            "token_level_scores": place_turn_rewards(turn_rewards, turn_ids),
+        }
+        non_tensors = {
+            "uid": [episode.uid for episode in episodes],
+            "raw_prompt_ids": [episode.raw_ids[: episode.raw_prompt_length] for episode in episodes],
+            "multi_modal_data": [{"images": e.images} if e.images else {} for e in episodes],
+            "ground_truth": [f"seed {episode.seed}" for episode in episodes],
+            "episode": [episode_record(episode) for episode in episodes],
+        }
         vision = [episode.merged_vision() for episode in episodes]
+        return self._training_batch(tensors, prompt_mask, response_valid, vision, non_tensors)
+
+    def _training_batch(
+        self,
+        tensors: dict[str, torch.Tensor],
+        prompt_mask: torch.Tensor,
+        response_valid: torch.Tensor,
+        vision: list[dict[str, torch.Tensor]],
+        non_tensors: dict[str, list[Any]],
+    ) -> Batch:
+        """Assembled rows as a training batch: ``tensors`` (prompts, responses, ...) with the whole sequences, their
+        attention mask (``prompt_mask`` then ``response_valid``), positions over each row's ``vision`` and new
+        sample ids; ``non_tensors`` (one value per row) with the vision tensors as ``multi_modal_inputs``."""
+        size = len(vision)
+        input_ids = torch.cat([tensors["prompts"], tensors["responses"]], dim=-1)
+        attention_mask = torch.cat([prompt_mask, response_valid], dim=-1)
         position_ids = torch.stack(
             [self._positions(input_ids[row], attention_mask[row], vision[row]) for row in range(size)]
         )
         sample_ids = torch.arange(size) + self.samples_generated
         self.samples_generated += size
-
-        def objects(values: list[Any]) -> np.ndarray:
-            return np.array(values + [None], dtype=object)[:-1]
-
         return Batch(
             tensors={
-                "prompts": prompts,
-                "responses": responses,
-                "response_mask": response_mask,
+                **tensors,
                 "input_ids": input_ids,
                 "attention_mask": attention_mask,
                 "position_ids": position_ids,
-                "rollout_log_probs": rollout_log_probs,
-                "turn_ids": turn_ids,
-                "token_level_scores": token_level_scores,
                 "sample_id": sample_ids,
             },
             non_tensors={
-                "uid": objects([episode.uid for episode in episodes]),
-                "raw_prompt_ids": objects([episode.raw_ids[: episode.raw_prompt_length] for episode in episodes]),
-                "multi_modal_data": objects([{"images": e.images} if e.images else {} for e in episodes]),
-                "multi_modal_inputs": objects(vision),
-                "ground_truth": objects([f"seed {episode.seed}" for episode in episodes]),
-                "episode": objects([episode_record(episode) for episode in episodes]),
+                key: np.array(values + [None], dtype=object)[:-1]
+                for key, values in {**non_tensors, "multi_modal_inputs": vision}.items()
             },
         )
 
@@ -487,42 +502,26 @@ class MultiTurnRollout:
                 rollout_log_probs[row, : len(response)] = torch.tensor(episode.response_log_probs[turn])
                 turn_ids[row, : len(response)] = turn
                 token_level_scores[row, max(len(response) - 1, 0)] = episode.turns[turn].reward
-        input_ids = torch.cat([prompts, responses], dim=-1)
-        attention_mask = torch.cat([prompt_mask, response_mask], dim=-1)
-        position_ids = torch.stack(
-            [self._positions(input_ids[row], attention_mask[row], pieces[row].vision) for row in range(size)]
-        )
-        sample_ids = torch.arange(size) + self.samples_generated
-        self.samples_generated += size
-
-        def objects(values: list[Any]) -> np.ndarray:
-            return np.array(values + [None], dtype=object)[:-1]
-
+        tensors = {
+            "prompts": prompts,
+            "responses": responses,
+            "response_mask": response_mask,
+            "rollout_log_probs": rollout_log_probs,
+            "turn_ids": turn_ids,
+            "token_level_scores": token_level_scores,
+            "episode_index": episode_index,
+        }
         episode_of_row = [episodes[int(index)] for index in episode_index]
-        return Batch(
-            tensors={
-                "prompts": prompts,
-                "responses": responses,
-                "response_mask": response_mask,
-                "input_ids": input_ids,
-                "attention_mask": attention_mask,
-                "position_ids": position_ids,
-                "rollout_log_probs": rollout_log_probs,
-                "turn_ids": turn_ids,
-                "token_level_scores": token_level_scores,
-                "episode_index": episode_index,
-                "sample_id": sample_ids,
-            },
-            non_tensors={
-                "uid": objects([episode.uid for episode in episode_of_row]),
-                "raw_prompt_ids": objects([list(piece.raw_ids) for piece in pieces]),
-                "multi_modal_data": objects([{"images": piece.images} if piece.images else {} for piece in pieces]),
-                "multi_modal_inputs": objects([piece.vision for piece in pieces]),
-                "ground_truth": objects([f"seed {episode.seed}" for episode in episode_of_row]),
-                "episode": objects(records),
-                "episode_images": objects(episode_images),
-            },
-        )
+        non_tensors = {
+            "uid": [episode.uid for episode in episode_of_row],
+            "raw_prompt_ids": [list(piece.raw_ids) for piece in pieces],
+            "multi_modal_data": [{"images": piece.images} if piece.images else {} for piece in pieces],
+            "ground_truth": [f"seed {episode.seed}" for episode in episode_of_row],
+            "episode": records,
+            "episode_images": episode_images,
+        }
+        vision = [piece.vision for piece in pieces]
+        return self._training_batch(tensors, prompt_mask, response_mask, vision, non_tensors)
 
     # ------------------------------------------------------------------------------------------------- checks
     def _where(self, seed: int, turn: int) -> str:

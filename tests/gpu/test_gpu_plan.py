@@ -43,6 +43,7 @@ def test_the_plan_of_the_actor_update_matches_the_measured_peak(mid_size_model_d
         tiny_dataset_dir,
         "worker.actor.fsdp.torch_dtype=null",  # the GPU default: bf16 compute, fp32 master weights
         "data.max_response_length=256",
+        "worker.rollout.max_model_len=320",
         "worker.rollout.ignore_eos=true",  # full-length responses: the lengths the plan assumes
         "worker.actor.micro_batch_size_per_device_for_update=8",
     )
