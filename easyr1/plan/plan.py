@@ -265,7 +265,7 @@ def _phases(
             (f"{role} states (idle)", s.resident_bytes(False, False)) for role, s in states.items() if role != active
         ]
 
-    engine_item = [] if engine.releases else [("rollout engine (awake on CPU)", engine.claimed_bytes)]
+    engine_item = [] if engine.releases else [("rollout engine (never released)", engine.claimed_bytes)]
     phases = [Phase("generation", (("rollout engine", engine.claimed_bytes), *others(None)))]
     for role, model in states.items():
         phases.append(
