@@ -128,14 +128,15 @@ class TreeRss:
 
 def ensure_assets(sizes: list[str]) -> tuple[dict[str, Path], Path]:
     """Build the model directory per size and the 84x84 shape dataset once (marker files); return their paths."""
-    from easyr1.tools.tiny_dataset import _build_once, build_shape_dataset
+    from easyr1.tools.demo_assets import build_once
+    from easyr1.tools.tiny_dataset import build_shape_dataset
     from easyr1.tools.tiny_model import build_tiny_model
 
     models = {
-        size: _build_once(CACHE / f"model-{size}", lambda out, kw=SIZES[size]: build_tiny_model(out, **kw))
+        size: build_once(CACHE / f"model-{size}", lambda out, kw=SIZES[size]: build_tiny_model(out, **kw))
         for size in sizes
     }
-    data = _build_once(CACHE / "data", lambda out: build_shape_dataset(out, num_train=256, num_val=4, image_size=84))
+    data = build_once(CACHE / "data", lambda out: build_shape_dataset(out, num_train=256, num_val=4, image_size=84))
     return models, data
 
 

@@ -42,7 +42,7 @@ def prepare_demo_assets(config: Any) -> None:
     ensure_demo_assets(DEMO_ROOT, family=family)
 
 
-def _build_once(target: Path, build: Callable[[Path], Any]) -> Path:
+def build_once(target: Path, build: Callable[[Path], Any]) -> Path:
     """Run ``build(tmp_dir)`` unless ``target`` is complete; publish the result with a rename.
 
     The marker file is written last and the directory appears under its final name only when complete, so an
@@ -73,8 +73,8 @@ def ensure_demo_assets(root: str | Path = ".cache/demo", family: str = "qwen2_5_
     The model goes to ``root/model/<family>``, the data to ``root/data`` (``train.jsonl``, ``val.jsonl``, images).
     """
     root = Path(root)
-    model_dir = _build_once(root / "model" / family, lambda path: build_tiny_model(path, family=family))
-    data_dir = _build_once(root / "data", build_shape_dataset)
+    model_dir = build_once(root / "model" / family, lambda path: build_tiny_model(path, family=family))
+    data_dir = build_once(root / "data", build_shape_dataset)
     return model_dir, data_dir
 
 
@@ -84,7 +84,7 @@ def ensure_agent_demo_model(root: str | Path = DEMO_ROOT) -> Path:
     It is the demo's tiny Qwen2.5-VL (same sizes and seed) whose tokenizer also makes the ``target`` environment's
     action words single tokens, so one answer is one sampled token.
     """
-    return _build_once(
+    return build_once(
         Path(root) / "model" / AGENT_MODEL_NAME,
         lambda path: build_tiny_model(path, family="qwen2_5_vl", extra_words=ACTION_WORDS),
     )
