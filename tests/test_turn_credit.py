@@ -461,3 +461,26 @@ def test_latest_context_needs_an_estimator_with_one_advantage_per_sample(monkeyp
         load_config([*SMALL, *env, "algorithm.adv_estimator=turn_gae"])
     with pytest.raises(ConfigError, match="env.context='window'"):
         load_config([*SMALL, "env.name=credit_test_env", "env.context=window"])
+
+
+def test_the_trainer_scores_split_episodes_as_whole_episodes() -> None:
+    # a batch with episode_index (env.context=latest) gets one advantage per episode; the same rows without it get
+    # GRPO over rows, which weighs a 3-turn episode thrice in its group's statistics
+    from types import SimpleNamespace
+
+    from easyr1.protocol import Batch
+    from easyr1.trainer import Trainer
+
+    rewards, mask, episode_index, uids = turn_rows()
+    config = load_config([*SMALL, "algorithm.adv_estimator=grpo"])
+    rows = Batch(
+        tensors={"token_level_rewards": rewards, "response_mask": mask},
+        non_tensors={"uid": np.array(uids, dtype=object)},
+    )
+    split = rows.union(Batch(tensors={"episode_index": episode_index}))
+    trainer = SimpleNamespace(config=config)
+    advantages, _ = Trainer._advantages(trainer, split)
+    expected, _ = episode_advantages("grpo", rewards, mask, episode_index, uids, norm_adv_by_std=True)
+    torch.testing.assert_close(advantages, expected)
+    per_row, _ = Trainer._advantages(trainer, rows)
+    assert not torch.allclose(per_row, advantages)

@@ -46,6 +46,12 @@ class EnvConfig:
         """Whether the run trains an agent in an environment."""
         return self.name is not None or self.env_class is not None
 
+    @property
+    def rows_per_episode(self) -> int:
+        """Training rows an episode becomes: one trajectory (``context=full``, and without an environment), or one
+        row per turn, ``max_turns`` of them with the unplayed ones left empty (``context=latest``)."""
+        return self.max_turns if self.enabled and self.context == "latest" else 1
+
 
 # What a turn's prompt can hold (see EnvConfig.context).
 CONTEXTS = ("full", "latest")

@@ -55,18 +55,6 @@ def dataset_bytes(config: Any) -> int:
     return total
 
 
-def agent_run(config: Any) -> bool:
-    """Whether ``config`` trains an agent in an environment (the ``env`` section)."""
-    env = getattr(config, "env", None)
-    return env is not None and bool(env.name or env.env_class)
-
-
-def rows_per_sample(config: Any) -> int:
-    """Training rows per sample: ``env.max_turns`` for an agent run with ``env.context=latest`` (a row per turn),
-    else one."""
-    return config.env.max_turns if agent_run(config) and config.env.context == "latest" else 1
-
-
 def driver_bytes(config: Any) -> int:
     """The driver process: its base and the dataset's rows."""
     return DRIVER_BASE + dataset_bytes(config)
@@ -75,7 +63,7 @@ def driver_bytes(config: Any) -> int:
 def object_store_bytes(config: Any, on_gpu: bool) -> int:
     """Ray's object store on a node: a step's batch once (CPU runs cap the store at 512 MiB, ``easyr1.main``)."""
     data, rollout = config.data, config.worker.rollout
-    samples = data.rollout_batch_size * rollout.n * rows_per_sample(config)
+    samples = data.rollout_batch_size * rollout.n * config.env.rows_per_episode
     used = samples * (data.max_prompt_length + data.max_response_length) * OBJECT_STORE_BYTES_PER_TOKEN
     return used if on_gpu else min(used, 512 * MIB)
 

@@ -31,7 +31,7 @@ from easyr1.plan.activations import (
 )
 from easyr1.plan.flops import StepFlops, forward_flops, step_flops, step_seconds
 from easyr1.plan.hardware import Device
-from easyr1.plan.host import agent_run, driver_bytes, object_store_bytes, rows_per_sample, worker_base_bytes
+from easyr1.plan.host import driver_bytes, object_store_bytes, worker_base_bytes
 from easyr1.plan.model_size import ModelSize
 from easyr1.plan.rollout_engine import EnginePlan, engine_dtype, plan_engine
 from easyr1.plan.states import ModelStates, actor_trainable, critic_trainable, dtype_bytes, model_states
@@ -135,7 +135,7 @@ def images_per_sample(config: Any, size: ModelSize) -> int:
         return 0
     if config.worker.rollout.limit_images:
         return config.worker.rollout.limit_images
-    return config.env.max_turns if agent_run(config) and config.env.context == "full" else 1
+    return config.env.max_turns if config.env.enabled and config.env.context == "full" else 1
 
 
 def _rows(path: str) -> int | None:
@@ -148,7 +148,7 @@ def _rows(path: str) -> int | None:
 
 def steps_per_epoch(config: Any) -> int | None:
     """Steps of one epoch: local jsonl rows (or ``env.num_seeds``) over ``data.rollout_batch_size``."""
-    if agent_run(config):
+    if config.env.enabled:
         rows = config.env.num_seeds
     else:
         rows = _rows(config.data.train_files)
@@ -189,7 +189,7 @@ def make_plan(
     compute = dtype_bytes(actor.precision.compute)
     flash = device.on_gpu and compute < 4
     images = images_per_sample(config, size)
-    n = worker.rollout.n * rows_per_sample(config)  # rows per prompt
+    n = worker.rollout.n * config.env.rows_per_episode  # rows per prompt
     share = -(-data.rollout_batch_size * n // world)
     mini_batch = max(worker.actor.global_batch_size * n // world, 1)
     update_batch = MicroBatch(
@@ -352,7 +352,7 @@ def _flops(
     old_pass = not reuses_update_log_probs(config, samples, world, config.trainer.critic_warmup + 1)
     return step_flops(
         forward,
-        samples * rows_per_sample(config),
+        samples * config.env.rows_per_episode,
         length,
         old_pass=old_pass,
         ref_pass=not config.algorithm.disable_kl,

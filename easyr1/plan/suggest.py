@@ -11,7 +11,6 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from easyr1.plan.host import rows_per_sample
 from easyr1.plan.plan import Plan
 
 
@@ -40,7 +39,7 @@ def candidates(config: Any, plan: Plan) -> list[dict[str, Any]]:
     """Changes worth trying for ``config``, each a ``{key: value}`` of overrides."""
     actor = "worker.actor"
     found: list[dict[str, Any]] = []
-    rows_per_prompt = config.worker.rollout.n * rows_per_sample(config)
+    rows_per_prompt = config.worker.rollout.n * config.env.rows_per_episode
     samples = config.data.rollout_batch_size * rows_per_prompt
     mini_batch = config.worker.actor.global_batch_size * rows_per_prompt // plan.world
     update_mb = plan.update_batch.samples

@@ -167,8 +167,7 @@ class MultiTurnRollout:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_token_id = int(pad)
         self.full_context = config.env.context == "full"
-        # training rows per episode: one trajectory, or (env.context=latest) one per turn, padded to max_turns
-        self.rows_per_sample = 1 if self.full_context else config.env.max_turns
+        self.rows_per_sample = config.env.rows_per_episode
         self.samples_generated = 0
         self.steps = ThreadPoolExecutor(max_workers=1, thread_name_prefix="env-step")
 
