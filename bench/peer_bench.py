@@ -2,8 +2,8 @@
 
 Every run is its own subprocess; runs are interleaved (repetition 1: every configuration at every size, then
 repetition 2), so machine load drifts over all of them alike. Per run: median seconds per step over steps 2-8, its
-generation and non-generation phases, generated tokens per step, peak RSS summed over the run's process tree (Ray's
-processes and vLLM included) and the start-up time. ``bench/README.md`` says how each side is configured and why
+generation and non-generation phases, generated tokens per step, peak RSS and peak PSS summed over the run's process
+tree (Ray's processes and vLLM included) and the start-up time. ``bench/README.md`` says how each side is configured and why
 it is the same work.
 
     bash bench/peer_env.sh                      # once: the TRL environment bench/.venv-trl
@@ -86,20 +86,34 @@ class Run:
     rep: int
     steps: list[dict] = field(default_factory=list)  # per step: step, gen, rest (s), tokens
     peak_rss_gb: float = 0.0
+    peak_pss_gb: float = 0.0
     startup_s: float = 0.0
     wall_s: float = 0.0
     error: str = ""
     extra: dict = field(default_factory=dict)
 
 
+def proportional_set_size(pid: int) -> int:
+    """Bytes of a process's PSS: its private pages plus its share of pages mapped by several processes."""
+    with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as rollup:
+        for line in rollup:
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 class TreeRss:
-    """Samples the summed RSS of a process and all its descendants every ``interval`` seconds; keeps the peak.
+    """Samples a process and all its descendants every ``interval`` seconds; keeps the peaks of their summed RSS and
+    of their summed PSS.
 
     Ray's processes (GCS, raylet, workers) and vLLM's engine are descendants of the run's process, so they count.
+    RSS counts a page once per process that maps it (libtorch's pages in every process that imports torch); PSS
+    splits a shared page between the processes, so the PSS sum is the memory the tree takes from the machine. For one
+    process the two are nearly equal.
     """
 
     def __init__(self, pid: int, interval: float = 0.2) -> None:
-        self.pid, self.interval, self.peak = pid, interval, 0
+        self.pid, self.interval, self.peak, self.peak_pss = pid, interval, 0, 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
@@ -108,22 +122,23 @@ class TreeRss:
         while not self._stop.is_set():
             try:
                 root = psutil.Process(self.pid)
-                total = 0
+                rss = pss = 0
                 for process in [root, *root.children(recursive=True)]:
                     try:
-                        total += process.memory_info().rss
-                    except psutil.Error:
+                        rss += process.memory_info().rss
+                        pss += proportional_set_size(process.pid)
+                    except (psutil.Error, OSError):
                         pass
-                self.peak = max(self.peak, total)
+                self.peak, self.peak_pss = max(self.peak, rss), max(self.peak_pss, pss)
             except psutil.Error:
                 pass
             self._stop.wait(self.interval)
 
-    def stop(self) -> float:
-        """Stop sampling; the peak in GB."""
+    def stop(self) -> tuple[float, float]:
+        """Stop sampling; the peaks of RSS and PSS in GB."""
         self._stop.set()
         self._thread.join()
-        return self.peak / 1e9
+        return self.peak / 1e9, self.peak_pss / 1e9
 
 
 def ensure_assets(sizes: list[str]) -> tuple[dict[str, Path], Path]:
@@ -202,9 +217,11 @@ def run_env(threads: int, trl: bool = False) -> dict[str, str]:
     return env
 
 
-def watch(command: list[str], env: dict[str, str], log: Path, progress: Path | None = None) -> tuple[float, float]:
-    """Run ``command`` to completion, sampling its tree's RSS; returns (peak GB, seconds until ``progress`` first
-    existed with content, or 0)."""
+def watch(
+    command: list[str], env: dict[str, str], log: Path, progress: Path | None = None
+) -> tuple[tuple[float, float], float]:
+    """Run ``command`` to completion, sampling its tree's memory; returns ((peak RSS GB, peak PSS GB), seconds until
+    ``progress`` first existed with content, or 0)."""
     with log.open("w") as out:
         start = time.time()
         process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
@@ -236,7 +253,9 @@ def run_easyr1(run: Run, model: Path, data: Path, workers: int, steps: int, extr
     command = [sys.executable, "-m", "easyr1.main", "config=examples/config_cpu.yaml"]
     command += [f"{key}={value}" for key, value in settings.items()] + extra
     metrics_file = work / "metrics.jsonl"
-    run.peak_rss_gb, first_line_at = watch(command, run_env(THREADS), work / "run.log", metrics_file)
+    (run.peak_rss_gb, run.peak_pss_gb), first_line_at = watch(
+        command, run_env(THREADS), work / "run.log", metrics_file
+    )
     records = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
     records = [r for r in records if "timing/step" in r]
     for record in records:
@@ -258,7 +277,7 @@ def run_trl(run: Run, model: Path, data: Path, engine: str, steps: int, args: ar
     command += ["--prompts", str(PROMPTS), "--n", str(SAMPLES_PER_PROMPT), "--max-tokens", str(NEW_TOKENS)]
     if args.trl_bf16:
         command.append("--bf16")
-    run.peak_rss_gb, _ = watch(command, run_env(THREADS, trl=True), work / "run.log")
+    (run.peak_rss_gb, run.peak_pss_gb), _ = watch(command, run_env(THREADS, trl=True), work / "run.log")
     result = json.loads(out.read_text())
     run.steps, run.startup_s = result["steps"], result["startup_s"]
     run.extra.update({k: result[k] for k in ("threads", "param_dtype", "vllm_dtype")})
@@ -272,7 +291,7 @@ def run_bare_vllm(model: Path, data: Path, work: Path) -> dict:
     command += ["--min-pixels", str(MIN_PIXELS), "--max-pixels", str(MAX_PIXELS), "--out", str(out)]
     if str(EASYR1_SETTINGS.get("worker.rollout.enforce_eager", False)).lower() == "true":  # the engine easyr1 runs
         command.append("--enforce-eager")
-    peak, _ = watch(command, run_env(THREADS), work / "run.log")
+    (peak, _), _ = watch(command, run_env(THREADS), work / "run.log")
     result = json.loads(out.read_text())
     result["peak_rss_gb"] = peak
     return result
@@ -290,7 +309,7 @@ def print_table(runs: list[Run], bare: dict[str, dict], window: tuple[int, int])
     first, last = window
     header = (
         f"{'size':6} {'trainer':10} {'s/step':>7} {'reps':>13} {'gen':>6} {'non-gen':>7} {'tok/step':>8} "
-        f"{'peak RSS':>8} {'startup':>7} {'vs TRL':>6}"
+        f"{'peak RSS':>8} {'peak PSS':>8} {'startup':>7} {'vs TRL':>6}"
     )
     print(f"\nmedians of steps {first}-{last}; s/step = median over repetitions; vs TRL = TRL's faster s/step / this")
     print(header)
@@ -309,10 +328,11 @@ def print_table(runs: list[Run], bare: dict[str, dict], window: tuple[int, int])
             rest = statistics.median(measured(r, "rest", first, last) for r in rs)
             tokens = statistics.median(measured(r, "tokens", first, last) for r in rs)
             rss = max(r.peak_rss_gb for r in rs)
+            pss = max(r.peak_pss_gb for r in rs)
             startup = statistics.median(r.startup_s for r in rs)
             print(
                 f"{size:6} {trainer:10} {step_of[trainer]:7.2f} {reps:>13} {gen:6.2f} {rest:7.2f} {tokens:8.0f} "
-                f"{rss:6.2f}GB {startup:6.1f}s {best_trl / step_of[trainer]:6.2f}"
+                f"{rss:6.2f}GB {pss:6.2f}GB {startup:6.1f}s {best_trl / step_of[trainer]:6.2f}"
             )
         for trainer in by_trainer:
             if trainer.startswith("easyr1"):

@@ -183,7 +183,7 @@ class MultiTurnRollout:
         batch = self.assemble(episodes) if self.full_context else self.assemble_turn_rows(episodes)
         # a row's score: its episode's return, or (one row per turn) its turn's reward; success etc. are env/ metrics
         scores = batch["token_level_scores"].sum(dim=-1)
-        rewards = Rewards(scores, {"overall": scores.tolist()})
+        rewards = Rewards({"overall": scores.tolist()})
         return Rollout(batch, PendingRewards(rewards), episode_metrics(episodes, "env"), timings)
 
     def sampling(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -17,19 +17,23 @@ Any deviation becomes a :class:`~easyr1.errors.RewardError` that names the sampl
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from easyr1.errors import RewardError
-from easyr1.protocol import Batch
 from easyr1.user_code import import_user_file, names_defined_in
+
+
+if TYPE_CHECKING:
+    import torch
+
+    from easyr1.protocol import Batch
 
 
 REWARD_TYPES = ("batch", "sequential")
@@ -238,7 +242,8 @@ class RewardFunction:
             if isinstance(value, str | bytes) or value is None:
                 raise RewardError(f"{where}: score {key!r} is {_preview(value)}; every score must be a number")
             try:
-                number = float(value.item() if isinstance(value, torch.Tensor) else value)
+                # .item(): a one-element tensor or numpy scalar (the reward process need not import torch)
+                number = float(value.item() if hasattr(value, "item") else value)
             except (TypeError, ValueError, RuntimeError) as error:
                 raise RewardError(
                     f"{where}: score {key!r} = {_preview(value)} is not a number ({type(value).__name__})"
@@ -270,27 +275,33 @@ def load_reward_function(
 class Rewards:
     """The scores of a batch of samples, in the batch's order: what the reward actor returns and the trainer reads.
 
-    ``scores`` is the (B,) float32 ``overall`` score; ``sub_scores`` maps every score key (``overall`` included) to
-    its B values, kept as python floats so that their metrics are computed exactly as the function returned them.
+    ``sub_scores`` maps every score key (``overall`` included) to its B values, kept as python floats so that their
+    metrics are computed exactly as the function returned them; ``scores`` is the (B,) float32 ``overall`` score.
+    Plain lists travel from the reward actor, which then never imports torch (about 0.2 GB less resident memory).
     """
 
-    scores: torch.Tensor
     sub_scores: dict[str, list[float]]
 
     def __len__(self) -> int:
-        return len(self.scores)
+        return len(self.sub_scores["overall"])
+
+    @functools.cached_property
+    def scores(self) -> torch.Tensor:
+        """The (B,) float32 ``overall`` scores, the reward the advantages are computed from."""
+        import torch
+
+        return torch.tensor(self.sub_scores["overall"], dtype=torch.float32)
 
     def index(self, rows: Sequence[int] | torch.Tensor) -> Rewards:
         """The rewards of ``rows``, in that order (a reordering, a selection or both)."""
-        rows = rows.tolist() if isinstance(rows, torch.Tensor) else list(rows)
-        return Rewards(self.scores[rows], {key: [values[i] for i in rows] for key, values in self.sub_scores.items()})
+        rows = rows.tolist() if hasattr(rows, "tolist") else list(rows)
+        return Rewards({key: [values[i] for i in rows] for key, values in self.sub_scores.items()})
 
     @staticmethod
     def concat(parts: Sequence[Rewards]) -> Rewards:
         """The rewards of several batches, one after the other."""
         return Rewards(
-            torch.cat([part.scores for part in parts]),
-            {key: [value for part in parts for value in part.sub_scores[key]] for key in parts[0].sub_scores},
+            {key: [value for part in parts for value in part.sub_scores[key]] for key in parts[0].sub_scores}
         )
 
 
@@ -298,8 +309,7 @@ def score_batch(reward_fn: RewardFunction, inputs: Sequence[RewardInput]) -> Rew
     """Score reward inputs (one dict per sample, see the module docstring) with ``reward_fn``."""
     score_dicts = reward_fn(inputs)
     keys = list(score_dicts[0]) if score_dicts else ["overall"]
-    sub_scores = {key: [float(score[key]) for score in score_dicts] for key in keys}
-    return Rewards(torch.tensor(sub_scores["overall"], dtype=torch.float32), sub_scores)
+    return Rewards({key: [float(score[key]) for score in score_dicts] for key in keys})
 
 
 def build_reward_inputs(batch: Batch, tokenizer: Any, skip_special_tokens: bool) -> list[RewardInput]:
