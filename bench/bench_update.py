@@ -16,7 +16,8 @@ Measured in one process, interleaved (every repetition runs every variant once, 
   variant's time over the variant's.
 
 Variants: ``padded`` (no packing), ``padding_free`` (packed, each sample's prompt again), ``shared``
-(``share_prompt``: each prompt once per micro-batch), and ``shared+entropy-graph`` (the entropy metric computed
+(``share_prompt``: each prompt once per micro-batch), ``shared-dense-attention`` (the same with transformers' SDPA over
+the whole packed row, as before ``block_attention.py``), and ``shared+entropy-graph`` (the entropy metric computed
 with a graph, as it was before it moved under ``no_grad`` without an entropy bonus). Timings on a shared machine
 are disturbed by other work: read the ratios, which are taken within one run.
 
@@ -26,22 +27,27 @@ are disturbed by other work: read the ratios, which are taken within one run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from easyr1.data import RLDataset, collate_fn
 from easyr1.models.loading import load_model, load_model_config, load_tokenizer_and_processor
 from easyr1.protocol import Batch
 from easyr1.tools.tiny_dataset import build_shape_dataset
 from easyr1.tools.tiny_model import build_tiny_model
+from easyr1.workers import block_attention
 from easyr1.workers.actor import computed_tokens, micro_batches, response_log_probs
 from easyr1.workers.rollout.base import pack_responses
 
@@ -54,6 +60,7 @@ VARIANTS = {
     "padded": {},
     "padding_free": {"padding_free": True},
     "shared": {"share_prompt": True},
+    "shared-dense-attention": {"share_prompt": True, "dense_attention": True},
     "shared+entropy-graph": {"share_prompt": True, "entropy_grad": True},
 }
 
@@ -122,14 +129,31 @@ def workload(model_dir: Path, data_dir: Path, prompts: int, n: int, response_len
     return batch
 
 
+@contextlib.contextmanager
+def attention_over_whole_row(dense: bool) -> Iterator[None]:
+    """With ``dense``, transformers' own SDPA (every score of the packed row) instead of easyr1's block-wise one."""
+    block_attention.install()
+    if not dense:
+        yield
+        return
+    AttentionInterface.register("sdpa", sdpa_attention_forward)
+    try:
+        yield
+    finally:
+        AttentionInterface.register("sdpa", block_attention.blockwise_sdpa_forward)
+
+
 def update_pass(model: torch.nn.Module, parts: list[Batch], options: dict) -> None:
     """Forward + backward of a policy-gradient loss over the micro-batches, as the update runs them."""
     options = {"entropy_grad": False, **options}
-    for part in parts:
-        log_probs, entropy = response_log_probs(model, part, 1.0, with_entropy=True, banned_token_ids=[5], **options)
-        loss = -(log_probs * part["advantages"] * part["response_mask"]).sum() / part["response_mask"].sum()
-        loss.backward()
-        float(entropy.detach().mean())  # the metric the update reports
+    with attention_over_whole_row(options.pop("dense_attention", False)):
+        for part in parts:
+            log_probs, entropy = response_log_probs(
+                model, part, 1.0, with_entropy=True, banned_token_ids=[5], **options
+            )
+            loss = -(log_probs * part["advantages"] * part["response_mask"]).sum() / part["response_mask"].sum()
+            loss.backward()
+            float(entropy.detach().mean())  # the metric the update reports
     model.zero_grad(set_to_none=True)
 
 

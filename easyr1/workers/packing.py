@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from easyr1.workers import block_attention
+
 
 @dataclass
 class PackedInputs:
@@ -77,6 +79,7 @@ class SharedPackedInputs:
     attention_mask: torch.Tensor  # (1, 1, T, T) boolean: True where the query (row) may attend to the key (column)
     response_index: torch.Tensor  # (B, R): packed index of the logit that predicts each response token
     representatives: list[int]  # per group, the row whose prompt (and vision inputs) the packed row carries
+    group_bounds: list[tuple[int, int]]  # per group, its [start, end) in the packed row: the mask's diagonal blocks
 
 
 def _same_vision(first: dict[str, torch.Tensor] | None, second: dict[str, torch.Tensor] | None) -> bool:
@@ -148,7 +151,9 @@ def pack_shared(
     response_index = torch.zeros(batch_size, response_length, dtype=torch.long, device=device)
     offsets = torch.arange(response_length, device=device)
     cursor, segment = 0, 0
+    group_bounds: list[tuple[int, int]] = []
     for group_index, rows in enumerate(groups):
+        group_start = cursor
         first = rows[0]
         prompt_columns = torch.nonzero(valid[first, :prompt_length]).squeeze(-1)
         if prompt_columns.numel() == 0:
@@ -170,6 +175,7 @@ def pack_shared(
             group_of_token.append(torch.full_like(span_columns, group_index))
             cursor += span_columns.numel()
             segment += 1
+        group_bounds.append((group_start, cursor))
     column = torch.cat(columns)
     source = torch.cat(source_rows)
     segments = torch.cat(segment_of_token)
@@ -186,7 +192,8 @@ def pack_shared(
     # a key is visible to a query of its group when it is the group's prompt or the query's own segment
     visible_segment = is_prompt.unsqueeze(0) | (segments.unsqueeze(1) == segments.unsqueeze(0))
     mask = (causal & same_group & visible_segment).view(1, 1, total, total)
-    return SharedPackedInputs(packed_ids, packed_positions, mask, response_index, [rows[0] for rows in groups])
+    representatives = [rows[0] for rows in groups]
+    return SharedPackedInputs(packed_ids, packed_positions, mask, response_index, representatives, group_bounds)
 
 
 def shared_token_count(attention_mask: torch.Tensor, response_length: int, groups: list[list[int]]) -> int:
@@ -278,6 +285,9 @@ def shared_response_logits(
         # eager attention adds the mask to the scores: it needs the additive form
         dtype = next(model.parameters()).dtype
         mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
+    else:  # SDPA attends within each group's block only: no group sees another (block_attention.py)
+        block_attention.install()
+        block_attention.mark_blocks(mask, packed.group_bounds)
     output = model(
         input_ids=packed.input_ids,
         position_ids=packed.position_ids,

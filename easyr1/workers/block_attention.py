@@ -1,0 +1,73 @@
+"""SDPA over a packed row whose mask is block-diagonal, one block at a time.
+
+A shared-prompt micro-batch (``packing.pack_shared``) lays its prompt groups end to end in one row of T tokens with a
+``(1, 1, T, T)`` boolean mask in which no group sees another. A dense scaled-dot-product attention over that row
+computes all T x T scores and throws most away: with G groups of equal length only 1/G of them can be unmasked.
+Running SDPA on each group's diagonal block gives the same output (every score outside the blocks is masked) for 1/G
+of the attention work: on CPU, 4 groups of 8 samples, the update's forward + backward ran 1.44x faster at 15 M
+parameters (bench/bench_update.py).
+
+The mask tensor carries its blocks (:func:`mark_blocks`); :func:`install` registers, under transformers' ``"sdpa"``
+name, a function that splits such a mask's attention by block and leaves every other call (a mask without blocks,
+the vision tower, generation) to transformers' own SDPA. The mask object travels with the layer's inputs, so a
+recomputation under activation checkpointing splits the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+BLOCKS_ATTRIBUTE = "easyr1_blocks"
+
+
+def mark_blocks(mask: torch.Tensor, bounds: list[tuple[int, int]]) -> torch.Tensor:
+    """Tag ``mask`` (``(1, 1, T, T)``, block-diagonal) with its blocks ``[(start, end), ...]``, which tile ``0..T``."""
+    if bounds and (bounds[0][0] != 0 or bounds[-1][1] != mask.shape[-1]):
+        raise ValueError(f"blocks {bounds[0]}..{bounds[-1]} do not tile a mask of {mask.shape[-1]} tokens")
+    setattr(mask, BLOCKS_ATTRIBUTE, list(bounds))
+    return mask
+
+
+def blockwise_sdpa_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # (B, heads, T, head_dim)
+    key: torch.Tensor,  # (B, kv_heads, T, head_dim)
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' SDPA, run on each diagonal block when ``attention_mask`` carries blocks; returns
+    ``((B, T, heads, head_dim), None)`` as transformers' attention functions do."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    bounds = getattr(attention_mask, BLOCKS_ATTRIBUTE, None)
+    if bounds is None or len(bounds) < 2 or query.shape[2] != key.shape[2]:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    outputs = [
+        sdpa_attention_forward(
+            module,
+            query[:, :, start:end],
+            key[:, :, start:end],
+            value[:, :, start:end],
+            attention_mask[..., start:end, start:end],
+            **kwargs,
+        )[0]
+        for start, end in bounds
+    ]
+    return torch.cat(outputs, dim=1), None
+
+
+_installed = False
+
+
+def install() -> None:
+    """Register :func:`blockwise_sdpa_forward` as transformers' ``"sdpa"`` attention in this process, once."""
+    global _installed
+    if not _installed:
+        from transformers import AttentionInterface
+
+        AttentionInterface.register("sdpa", blockwise_sdpa_forward)
+        _installed = True
