@@ -15,7 +15,9 @@ Measured in one process, interleaved (every repetition runs every variant once, 
   sample's prompt counted) by the variant's time, so it compares variants on equal work; "speed-up" is the first
   variant's time over the variant's.
 
-Variants: ``padded`` (no packing), ``padding_free`` (packed, each sample's prompt again), ``shared``
+Variants: ``padded`` (no packing), ``padding_free`` (packed, each sample's prompt again),
+``padding_free-dense-attention`` (the same with transformers' SDPA over the whole packed row, as before
+``block_attention.py``), ``shared``
 (``share_prompt``: each prompt once per micro-batch), ``shared-dense-attention`` (the same with transformers' SDPA over
 the whole packed row, as before ``block_attention.py``), and ``shared+entropy-graph`` (the entropy metric computed
 with a graph, as it was before it moved under ``no_grad`` without an entropy bonus). Timings on a shared machine
@@ -59,6 +61,7 @@ SIZES = {  # name -> language-model shape (the vision tower's output follows hid
 VARIANTS = {
     "padded": {},
     "padding_free": {"padding_free": True},
+    "padding_free-dense-attention": {"padding_free": True, "dense_attention": True},
     "shared": {"share_prompt": True},
     "shared-dense-attention": {"share_prompt": True, "dense_attention": True},
     "shared+entropy-graph": {"share_prompt": True, "entropy_grad": True},

@@ -3,8 +3,8 @@
 Every run is its own subprocess; runs are interleaved (repetition 1: every configuration at every size, then
 repetition 2), so machine load drifts over all of them alike. Per run: median seconds per step over steps 2-8, its
 generation and non-generation phases, generated tokens per step, peak RSS and peak PSS summed over the run's process
-tree (Ray's processes and vLLM included) and the start-up time. ``bench/README.md`` says how each side is configured and why
-it is the same work.
+tree (Ray's processes and vLLM included) and the start-up time. ``bench/README.md`` says how each side is configured
+and why it is the same work.
 
     bash bench/peer_env.sh                      # once: the TRL environment bench/.venv-trl
     python bench/peer_bench.py --quick          # small model, one repetition, 6 steps

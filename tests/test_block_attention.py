@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from easyr1.workers.block_attention import blockwise_sdpa_forward, mark_blocks
+from easyr1.workers.block_attention import blockwise_sdpa_forward, causal_block_mask, mark_blocks
 from easyr1.workers.packing import pack_shared, prompt_groups
 
 
@@ -68,3 +68,24 @@ def test_blocks_must_tile_the_row():
     mask, _ = _shared_row()
     with pytest.raises(ValueError, match="do not tile"):
         mark_blocks(mask, [(0, 8), (8, 12)])
+
+
+def test_padding_free_rows_run_each_sample_causally():
+    mask = causal_block_mask([3, 1, 2])
+    assert mask[0, 0].int().tolist() == [
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0],
+        [0, 0, 0, 1, 0, 0],
+        [0, 0, 0, 0, 1, 0],
+        [0, 0, 0, 0, 1, 1],
+    ]
+    module = SimpleNamespace(num_key_value_groups=2, is_causal=True)
+    query, key, value = _qkv(6)
+    dense, _ = sdpa_attention_forward(module, query, key, value, mask.clone())  # a copy: no blocks attached
+    dense_grads = torch.autograd.grad(dense.square().sum(), (query, key, value))
+    blockwise, _ = blockwise_sdpa_forward(module, query, key, value, mask)
+    blockwise_grads = torch.autograd.grad(blockwise.square().sum(), (query, key, value))
+    torch.testing.assert_close(blockwise, dense, atol=1e-6, rtol=1e-5)
+    for got, want in zip(blockwise_grads, dense_grads):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)

@@ -249,10 +249,15 @@ def packed_response_logits(
     """(B, R, V) logits predicting the response tokens, from one padding-free forward of the micro-batch."""
     packed = pack(input_ids, attention_mask, position_ids, response_length)
     batch_size = input_ids.shape[0]
+    mask = None  # the per-sample position restarts define the mask (flash attention: variable-length sequences)
+    if getattr(model.config, "_attn_implementation", "sdpa") == "sdpa":
+        # the same mask, made here so that SDPA attends within each sample only (block_attention.py)
+        block_attention.install()
+        mask = block_attention.causal_block_mask(attention_mask.sum(dim=-1).tolist(), input_ids.device)
     output = model(
         input_ids=packed.input_ids,
         position_ids=packed.position_ids,
-        attention_mask=None,  # the per-sample position restarts define the mask
+        attention_mask=mask,
         use_cache=False,  # with a cache the model ignores the restarts and attends across samples
         logits_to_keep=packed.response_index.reshape(-1),
         **vision_inputs,
