@@ -99,7 +99,7 @@ def main() -> None:
                     tree_by_step[int(record["step"])] = now
             seen = len(lines)
             time.sleep(0.2)
-        tree_peak = peak.stop()
+        tree_peak, tree_pss_peak = peak.stop()
     if process.returncode:
         raise SystemExit(f"easyr1 exited with {process.returncode}; log: {work / 'run.log'}")
 
@@ -115,7 +115,10 @@ def main() -> None:
         "process tree RSS (sampled at each step's log line)": tree_by_step,
     }
     step_times = [r["timing/step"] for r in records]
-    print(f"{len(records)} steps, median {statistics.median(step_times):.2f} s/step, tree peak {tree_peak:.2f} GB")
+    print(
+        f"{len(records)} steps, median {statistics.median(step_times):.2f} s/step, tree peak RSS {tree_peak:.2f} GB, "
+        f"peak PSS {tree_pss_peak:.2f} GB"
+    )
     print(f"least-squares fit over steps {args.fit_from}-{args.steps}:")
     summary = {}
     for name, values in series.items():
