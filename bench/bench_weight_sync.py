@@ -2,7 +2,8 @@
 
 For each model: one in-process ``vllm.LLM`` (fp32, eager, external launcher as in a worker), its checkpoint's
 weights synced ``--repeats`` times by each path, alternating, so that load from elsewhere on the machine hits both
-alike; prints the median and best time per sync and their ratio. Before timing it checks that both paths give
+alike; prints the median and best wall time per sync, their ratio, and the CPU time of the process's threads
+(less disturbed by other load on the machine than wall time). Before timing it checks that both paths give
 the same greedy tokens and log-probs after a sync of perturbed weights.
 
     PYTHONPATH=$PWD .venv/bin/python bench/bench_weight_sync.py MODEL_DIR [MODEL_DIR ...] [--threads 2]
@@ -77,21 +78,26 @@ def run_one(model: str, repeats: int) -> None:
     same = fast_result == greedy()
 
     times: dict[str, list[float]] = {"reload_weights": [], "easyr1 CPU path": []}
+    cpu_times: dict[str, list[float]] = {"reload_weights": [], "easyr1 CPU path": []}
     for _ in range(3):
         reload(weights)
         fast(weights)
     for _ in range(repeats):
         for name, sync in (("reload_weights", reload), ("easyr1 CPU path", fast)):
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             sync(weights)
             times[name].append(time.perf_counter() - start)
+            cpu_times[name].append(time.process_time() - start_cpu)
     params = sum(t.numel() for t in weights.values())
     print(
         f"{os.path.basename(model)}: {params / 1e6:.2f} M parameters, {torch.get_num_threads()} threads, "
         f"tokens and log-probs equal after a perturbed sync: {same}"
     )
     for name, values in times.items():
-        print(f"  {name:16s} median {statistics.median(values) * 1e3:6.1f} ms   best {min(values) * 1e3:6.1f} ms")
+        print(
+            f"  {name:16s} median {statistics.median(values) * 1e3:6.1f} ms   best {min(values) * 1e3:6.1f} ms   "
+            f"CPU time (all threads) median {statistics.median(cpu_times[name]) * 1e3:6.1f} ms"
+        )
     ratio = statistics.median(times["easyr1 CPU path"]) / statistics.median(times["reload_weights"])
     print(f"  ratio of medians (CPU path / reload_weights): {ratio:.2f}")
 

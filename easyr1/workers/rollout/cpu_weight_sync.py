@@ -167,6 +167,9 @@ def load(worker: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
                 with entry.device:
                     fresh = materialize_meta_tensor(entry.meta)  # a copy of the attributes: meta stays as is
                 fresh = restore_layer_refs(fresh, entry.layer)
+                # its memory comes with its first load (_counting_loader): allocated then, it reuses what the
+                # layer rebuilt before it freed, already mapped and in cache; until then a view of one element
+                fresh.data = torch.empty(1, dtype=fresh.dtype, device=fresh.device).expand(fresh.shape)
                 # (a reload_weights by vLLM leaves its buffering wrapper on the metadata's loader: unwrapped here)
                 fresh.weight_loader = _counting_loader(entry, _get_original_loader(fresh))
                 entry.layer.register_parameter("weight", fresh)
@@ -203,6 +206,10 @@ def _counting_loader(entry: Repacked, loader: Callable[..., Any]) -> Callable[..
     def counting_loader(*args: Any, **kwargs: Any) -> Any:
         if entry.fresh is None:
             raise RuntimeError(f"{entry.name}.weight: more weights than the {entry.calls} loads of the first sync")
+        if entry.count == 0:
+            entry.fresh.data = torch.empty_strided(
+                entry.meta.shape, entry.meta.stride(), dtype=entry.meta.dtype, device=entry.fresh.device
+            )
         result = loader(*args, **kwargs)
         entry.count += 1
         if entry.count == entry.calls:
