@@ -11,8 +11,8 @@ are discarded, so every rollout after a sleep wakes the weights, reloads them fr
 KV cache (``wake_weights`` -> ``sync_weights`` -> ``wake_kv_cache``).
 
 On CPU, ``sync_weights`` loads through ``cpu_weight_sync``: the model's own ``load_weights`` into the live tensors,
-then vLLM's own GEMM re-packing of each linear layer, the engine vLLM's ``reload_weights`` gives at about half its
-cost; anywhere that path does not know (GPU, quantization, LoRA, unknown post-load processing) it is vLLM's
+then vLLM's own GEMM re-packing of each linear layer, the engine vLLM's ``reload_weights`` gives in 0.5-0.7 of
+its time; anywhere that path does not know (GPU, quantization, LoRA, unknown post-load processing) it is vLLM's
 ``reload_weights``, decided once at engine build and said in one log line.
 """
 
