@@ -12,6 +12,7 @@ from helpers import demo_config, prompt_batch, start_ray
 from easyr1.distributed import WorkerGroup
 from easyr1.protocol import Batch
 from easyr1.workers.hybrid_worker import HybridWorker
+from easyr1.workers.rollout import cpu_weight_sync
 
 
 pytestmark = pytest.mark.slow
@@ -86,7 +87,8 @@ def with_seeds(prompts: Batch, repeat: int, offset: int = 0) -> Batch:
     return batch
 
 
-WEIGHT_SYNC = [("collective_rpc", "reload_weights"), ("reset_prefix_cache", None)]
+# on CPU the engine loads through easyr1's CPU path (cpu_weight_sync.py), TP=2 included
+WEIGHT_SYNC = [("collective_rpc", cpu_weight_sync.load), ("reset_prefix_cache", None)]
 
 
 def test_tensor_parallel_rollout_matches_the_actor_and_wakes_in_order(tiny_qwen2_5_vl_dir, tiny_dataset_dir):

@@ -9,6 +9,11 @@ reports back must equal the expanded ids the actor trains on, which is checked o
 On GPU the engine sleeps at level 2 between rollouts: weights and KV cache are freed and the weights' contents
 are discarded, so every rollout after a sleep wakes the weights, reloads them from the actor, then wakes the
 KV cache (``wake_weights`` -> ``sync_weights`` -> ``wake_kv_cache``).
+
+On CPU, ``sync_weights`` loads through ``cpu_weight_sync``: the model's own ``load_weights`` into the live tensors,
+then vLLM's own GEMM re-packing of each linear layer, the engine vLLM's ``reload_weights`` gives in 0.5-0.7 of
+its time; anywhere that path does not know (GPU, quantization, LoRA, unknown post-load processing) it is vLLM's
+``reload_weights``, decided once at engine build and said in one log line.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import torch
 from easyr1.errors import UserError
 from easyr1.protocol import Batch
 from easyr1.workers.actor import BANNED_TOKEN_BIAS
-from easyr1.workers.rollout import vllm_shm
+from easyr1.workers.rollout import cpu_weight_sync, vllm_shm
 from easyr1.workers.rollout.base import SamplingSettings, pack_responses
 
 
@@ -149,8 +154,21 @@ class VLLMRollout:
         self.sleep_supported = on_gpu
         self.weights_discarded = False  # the engine starts awake with the checkpoint's weights
         self.sleeping: set[str] = set()  # what sleep released and no wake has re-allocated yet
+        self.reload_reason: str | None = None
+        self.choose_weight_sync()
         self.pad_token_id = pad_token_id
         self.logit_bias = {token: BANNED_TOKEN_BIAS for token in banned_token_ids} or None
+
+    def choose_weight_sync(self) -> None:
+        """Decide once how :meth:`sync_weights` loads: easyr1's CPU path (``reload_reason`` None) or vLLM's
+        ``reload_weights`` (``reload_reason`` says why); one log line says which."""
+        self.reload_reason = self.llm.collective_rpc(cpu_weight_sync.prepare)[0]
+        if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+            return
+        if self.reload_reason is None:
+            print(f"easyr1: vLLM weight sync: the CPU path ({self.llm.collective_rpc(cpu_weight_sync.describe)[0]})")
+        else:
+            print(f"easyr1: vLLM weight sync: vLLM's reload_weights, because of {self.reload_reason}")
 
     def tensor_parallel_ranks(self) -> list[int]:
         """The world ranks vLLM put in this rank's tensor-parallel group."""
@@ -214,7 +232,10 @@ class VLLMRollout:
         cast = (
             (name, tensor.to(self.dtype) if tensor.is_floating_point() else tensor) for name, tensor in named_tensors
         )
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": cast})
+        if self.reload_reason is None:
+            self.llm.collective_rpc(cpu_weight_sync.load, args=(cast,))
+        else:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": cast})
         self.llm.reset_prefix_cache()
         self.llm.llm_engine.reset_encoder_cache()  # else the next image request fails with an encoder cache miss
         self.weights_discarded = False
