@@ -104,7 +104,7 @@ def proportional_set_size(pid: int) -> int:
 
 class TreeRss:
     """Samples a process and all its descendants every ``interval`` seconds; keeps the peaks of their summed RSS and
-    of their summed PSS.
+    (every ``pss_every``-th sample) of their summed PSS.
 
     Ray's processes (GCS, raylet, workers) and vLLM's engine are descendants of the run's process, so they count.
     RSS counts a page once per process that maps it (libtorch's pages in every process that imports torch); PSS
@@ -112,8 +112,11 @@ class TreeRss:
     process the two are nearly equal.
     """
 
-    def __init__(self, pid: int, interval: float = 0.2) -> None:
+    def __init__(self, pid: int, interval: float = 0.2, pss_every: int = 10) -> None:
         self.pid, self.interval, self.peak, self.peak_pss = pid, interval, 0, 0
+        # PSS every 10th sample (2 s): reading smaps_rollup walks each process's page tables, ~2-4 ms a process,
+        # which every 0.2 s over a dozen processes took a noticeable share of a 2-core machine from the run
+        self.pss_every, self.samples = pss_every, 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
@@ -122,11 +125,13 @@ class TreeRss:
         while not self._stop.is_set():
             try:
                 root = psutil.Process(self.pid)
+                with_pss = self.samples % self.pss_every == 0
+                self.samples += 1
                 rss = pss = 0
                 for process in [root, *root.children(recursive=True)]:
                     try:
                         rss += process.memory_info().rss
-                        pss += proportional_set_size(process.pid)
+                        pss += proportional_set_size(process.pid) if with_pss else 0
                     except (psutil.Error, OSError):
                         pass
                 self.peak, self.peak_pss = max(self.peak, rss), max(self.peak_pss, pss)
