@@ -288,10 +288,11 @@ def run_trl(run: Run, model: Path, data: Path, engine: str, steps: int, args: ar
     run.extra.update({k: result[k] for k in ("threads", "param_dtype", "vllm_dtype")})
 
 
-def run_bare_vllm(model: Path, data: Path, work: Path) -> dict:
-    """Bare ``vllm.LLM.generate`` of the same requests, fp32 and bf16, in the threads one easyr1 worker gets."""
+def run_bare_vllm(model: Path, data: Path, work: Path, dtypes: list[str]) -> dict:
+    """Bare ``vllm.LLM.generate`` of the same requests in ``dtypes``, in the threads one easyr1 worker gets."""
     out = work / "vllm.json"
     command = [sys.executable, str(REPO / "bench" / "peer_vllm.py"), "--model", str(model), "--data", str(data)]
+    command += [f"--dtype={dtype}" for dtype in dtypes]
     command += ["--prompts", str(PROMPTS), "--n", str(SAMPLES_PER_PROMPT), "--max-tokens", str(NEW_TOKENS)]
     command += ["--min-pixels", str(MIN_PIXELS), "--max-pixels", str(MAX_PIXELS), "--out", str(out)]
     if str(EASYR1_SETTINGS.get("worker.rollout.enforce_eager", False)).lower() == "true":  # the engine easyr1 runs
@@ -308,7 +309,7 @@ def measured(run: Run, key: str, first: int, last: int) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def print_table(runs: list[Run], bare: dict[str, dict], window: tuple[int, int]) -> None:
+def print_table(runs: list[Run], bare: dict[str, list[dict]], window: tuple[int, int]) -> None:
     """One row per (size, trainer): medians over the repetitions' step medians, and the ratio to TRL's faster
     engine at that size (> 1: faster than TRL)."""
     first, last = window
@@ -345,16 +346,19 @@ def print_table(runs: list[Run], bare: dict[str, dict], window: tuple[int, int])
                 names = sorted({k for s in phases for k in s.get("phases", {})})
                 parts = [f"{n} {statistics.median(s['phases'].get(n, 0.0) for s in phases):.2f}" for n in names]
                 print(f"{'':6} {trainer:10} phases (rep 1): {', '.join(parts)}")
-        if size in bare:
-            for dtype, result in bare[size].items():
-                if dtype == "peak_rss_gb":
-                    continue
-                seconds = statistics.median(result["times"])
-                line = f"{'':6} bare vLLM {dtype}: gen {seconds:.2f} s, {statistics.median(result['tokens']):.0f} tok"
-                if "easyr1-1w" in by_trainer and dtype == "float32":
-                    ours = statistics.median(measured(r, "gen", first, last) for r in by_trainer["easyr1-1w"])
-                    line += f"; easyr1-1w gen / bare = {ours / seconds:.2f} (target <= 1.10)"
-                print(line)
+        bare_dtypes = [dtype for result in bare.get(size, []) for dtype in result if dtype != "peak_rss_gb"]
+        for dtype in dict.fromkeys(bare_dtypes):
+            per_rep = [statistics.median(result[dtype]["times"]) for result in bare[size] if dtype in result]
+            tokens = statistics.median(bare[size][0][dtype]["tokens"])
+            line = f"{'':6} bare vLLM {dtype}: gen {statistics.median(per_rep):.2f} s ("
+            line += " / ".join(f"{seconds:.2f}" for seconds in per_rep) + f"), {tokens:.0f} tok"
+            ours = by_trainer.get("easyr1-1w", [])
+            if ours and dtype == "float32":
+                # each repetition's easyr1 generation against the bare engine measured in the same repetition
+                ratios = [measured(r, "gen", first, last) / s for r, s in zip(ours, per_rep)]
+                line += f"; easyr1-1w gen / bare = {statistics.median(ratios):.2f} ("
+                line += " / ".join(f"{ratio:.2f}" for ratio in ratios) + ", target <= 1.10)"
+            print(line)
     for run in runs:
         if run.error:
             print(f"FAILED {run.size} {run.trainer} rep {run.rep}: {run.error}")
@@ -395,7 +399,7 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="peerbench_"))
     runs: list[Run] = []
-    bare: dict[str, dict] = {}
+    bare: dict[str, list[dict]] = {}  # per size, one result per repetition
     for rep in range(1, args.reps + 1):
         for size in sizes:
             for trainer in trainers:
@@ -415,11 +419,12 @@ def main() -> None:
                 status = run.error.splitlines()[0] if run.error else f"{measured(run, 'step', *window):.2f} s/step"
                 print(f"[rep {rep}] {size} {trainer}: {status} ({run.wall_s:.0f} s)", flush=True)
                 runs.append(run)
-            if rep == 1 and not args.no_bare_vllm:
-                work = scratch / f"{size}-bare-vllm"
+            if not args.no_bare_vllm:  # every repetition, interleaved with the trainers like them
+                work = scratch / f"{size}-bare-vllm-{rep}"
                 work.mkdir()
+                dtypes = ["float32", "bfloat16"] if rep == 1 else ["float32"]  # bf16: for reference, once
                 try:
-                    bare[size] = run_bare_vllm(models[size], data, work)
+                    bare.setdefault(size, []).append(run_bare_vllm(models[size], data, work, dtypes))
                 except RuntimeError as error:
                     print(f"bare vLLM failed at {size}: {error}")
     print_table(runs, bare, window)

@@ -2,7 +2,11 @@
 
 Builds the same prompts easyr1 sends (its dataset's ``raw_prompt_ids`` and images: ``--prompts`` prompts, ``--n``
 samples each, ``--max-tokens`` tokens at temperature 1) and times ``vllm.LLM.generate`` on them the way easyr1
-times ``timing/gen``: one call per step, after warm-up calls that absorb the one-off compilation. The engine is
+times ``timing/gen``: one call per step, after warm-up calls that absorb the one-off compilation. Call k gets the
+prompts of easyr1's step k + 1 (dataset rows in order, as the benchmark's unshuffled runs take them), so the engine's
+prefix and multimodal caches help it only as much as they help a trainer, whose prompts are new every step;
+``--repeat-prompts`` sends the first step's prompts every call instead (every call after the first then finds its
+prompts and images cached). The engine is
 built as easyr1 builds it (``external_launcher``, compiled unless ``--enforce-eager``, the same max_model_len), in
 one process with the threads easyr1's single worker gets. Writes a JSON file with the per-call times and generated
 tokens per dtype.
@@ -66,7 +70,9 @@ def time_engine(model_dir: str, dtype: str, requests: list[dict], args: argparse
         logprobs_mode="processed_logprobs",
     )
     times, tokens = [], []
+    per_call = len(requests) // (args.warmup + args.calls)
     for call in range(args.warmup + args.calls):
+        step_requests = requests[call * per_call : (call + 1) * per_call]
         # n samples per prompt as n requests with their own seeds, as easyr1 sends them
         params = [
             SamplingParams(
@@ -74,9 +80,9 @@ def time_engine(model_dir: str, dtype: str, requests: list[dict], args: argparse
             )
             for k in range(args.n)
         ]
-        batch = [request for request in requests for _ in range(args.n)]
+        batch = [request for request in step_requests for _ in range(args.n)]
         start = time.perf_counter()
-        outputs = llm.generate(batch, [p for _ in requests for p in params], use_tqdm=False)
+        outputs = llm.generate(batch, [p for _ in step_requests for p in params], use_tqdm=False)
         seconds = time.perf_counter() - start
         if call >= args.warmup:
             times.append(seconds)
@@ -99,6 +105,7 @@ def main() -> None:
     parser.add_argument("--max-pixels", type=int, default=12544)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--calls", type=int, default=7)
+    parser.add_argument("--repeat-prompts", action="store_true", help="the same prompts in every call")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     import torch
@@ -108,7 +115,11 @@ def main() -> None:
     port = os.environ.setdefault("MASTER_PORT", "29541")
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    requests = build_requests(args.model, args.data, args.prompts, (args.min_pixels, args.max_pixels))
+    calls = args.warmup + args.calls
+    rows = args.prompts if args.repeat_prompts else args.prompts * calls
+    requests = build_requests(args.model, args.data, rows, (args.min_pixels, args.max_pixels))
+    if args.repeat_prompts:
+        requests = requests * calls
     result = {dtype: time_engine(args.model, dtype, requests, args) for dtype in args.dtype or ["float32", "bfloat16"]}
     Path(args.out).write_text(json.dumps(result), encoding="utf-8")
 

@@ -465,6 +465,8 @@ class Trainer:
             metrics[key] = float(np.mean([worker[key] for worker in worker_metrics if key in worker]))
         metrics.update({f"timing/{name}": seconds for name, seconds in timings.items()})
         metrics["timing/sync"] = batch.meta.get("sync_seconds", 0.0)
+        if "generate_seconds" in batch.meta:  # the engine's own generate, inside timing/gen (validation has none)
+            metrics["timing/engine"] = batch.meta["generate_seconds"]
         total_tokens = (prompt_lengths.sum() + lengths.sum()).item()
         metrics["throughput/tokens_per_second"] = total_tokens / max(timings["step"], 1e-9)
         metrics["perf/driver_max_host_memory_gb"] = memory_metrics()["perf/max_host_memory_gb"]

@@ -40,6 +40,8 @@ def test_grpo_reward_rises_and_metrics_are_logged(tiny_qwen2_5_vl_dir, tiny_data
         "rollout/log_prob_gap",
         "rollout/rollout_kl_k3",
         "timing/gen",
+        "timing/sync",
+        "timing/engine",
         "timing/update",
         "throughput/tokens_per_second",
         "reward/accuracy_max",
@@ -52,6 +54,8 @@ def test_grpo_reward_rises_and_metrics_are_logged(tiny_qwen2_5_vl_dir, tiny_data
         "perf/bytes_from_workers",
     }
     assert expected <= set(records[0])
+    # the weight sync and the engine's generate are parts of the generation call the driver times
+    assert all(0 < r["timing/sync"] + r["timing/engine"] <= r["timing/gen"] for r in records)
     # one update per step: the update's own forward gave the old log-probs (no separate pass), and the mismatch
     # metrics computed from them after the update still show vLLM and the actor in sync
     assert not any("timing/old" in record for record in records)

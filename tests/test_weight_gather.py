@@ -52,6 +52,15 @@ def check_gathers(result: dict, mixed: bool) -> None:
         assert torch.equal(result["master"][name], result["sharded"][name]), name
 
 
+def test_one_rank_gather_reads_the_stored_parameters_without_copies(tiny_qwen2_5_vl_dir, process_group):
+    """On one rank the shards are the whole parameters: no unshard, no copy (the weight sync's cost at 1 worker)."""
+    model = shard_model(load_model(str(tiny_qwen2_5_vl_dir), torch.float32), data_parallel_mesh("cpu"))
+    stored = {name: param.to_local().data_ptr() for name, param in model.named_parameters()}
+    with gathered_parameters(model) as parameters:
+        read = {name: value.data_ptr() for name, value in parameters}
+    assert read == stored
+
+
 class GatherProbe(Worker):
     def gather(self, model_dir: str, mixed: bool) -> dict:
         return gather_both_ways(model_dir, mixed)

@@ -161,10 +161,43 @@ def _groups_and_their_parameters(model: nn.Module) -> list[tuple[FSDPModule, lis
     return list(grouped.values())
 
 
+def _compute_dtype(group: FSDPModule) -> torch.dtype | None:
+    """The group's mixed-precision compute dtype (None: no policy, or one FSDP does not expose here)."""
+    policy = getattr(group._get_fsdp_state(), "_mp_policy", None)
+    return getattr(policy, "param_dtype", None)
+
+
+def _whole_local_values(
+    group: FSDPModule, parameters: list[tuple[str, nn.Module, str]]
+) -> list[tuple[str, torch.Tensor]] | None:
+    """Each parameter's full value without an unshard, when every shard already is the whole parameter: a
+    one-rank mesh, shards on the mesh's device (not offloaded to the host by FSDP). Otherwise ``None``.
+
+    The values are the stored tensors themselves (no copy) or, under a compute dtype other than the storage
+    dtype, their cast: exactly what an unshard would produce, without its copy-in, all-gather and copy-out.
+    """
+    values = []
+    compute = _compute_dtype(group)
+    for name, module, attr in parameters:
+        param = getattr(module, attr)
+        if not isinstance(param, DTensor) or param.device_mesh.size() != 1:
+            return None
+        local = param.to_local().detach()
+        if local.device.type != param.device_mesh.device_type or local.shape != param.shape:
+            return None
+        cast = compute is not None and local.is_floating_point() and local.dtype != compute
+        values.append((name, local.to(compute) if cast else local))
+    return values
+
+
 def _full_parameters(model: nn.Module, master_weights: bool) -> Iterator[tuple[str, torch.Tensor]]:
     for group, parameters in _groups_and_their_parameters(model):
         if master_weights:  # the sharded (storage-dtype) values, gathered parameter by parameter
             yield from [(name, full_tensor(getattr(module, attr).detach())) for name, module, attr in parameters]
+            continue
+        whole = _whole_local_values(group, parameters)
+        if whole is not None:  # one rank: the shards are the parameters
+            yield from whole
             continue
         group.unshard()
         try:
@@ -186,7 +219,8 @@ def gathered_parameters(
     precision policy (the storage dtype without one); with ``master_weights`` they are the stored master
     weights, gathered parameter by parameter (e.g. fp32 to fold LoRA adapters before casting). At most one
     group is gathered at a time, so the peak is one group's full weights plus what the consumer keeps, never
-    the whole model at once.
+    the whole model at once. On a one-rank mesh nothing is gathered: the values are the stored parameters (or
+    their cast to the compute dtype), which the consumer must only read.
     """
     yield _full_parameters(model, master_weights)
 
