@@ -78,7 +78,7 @@ def read_model_config(model_path: str) -> dict:
 
 
 def run(argv: list[str]) -> list[dict[str, float]]:
-    """Load the config from ``argv``, train, and return every step's metrics."""
+    """Load the config from ``argv`` and train; returns ``[last step's metrics]`` (all steps': the trackers)."""
     from easyr1.config import check_against_model, compatibility_only_settings, load_config
     from easyr1.plan.check import check_plan_fits
     from easyr1.seeding import seed_everything

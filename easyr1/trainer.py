@@ -204,9 +204,14 @@ class Trainer:
         return steps_per_epoch
 
     # ------------------------------------------------------------------------------------------------- loop
-    def fit(self) -> list[dict[str, float]]:
-        """Train from the current step up to ``total_steps``; returns the metrics of the steps run."""
-        history = []
+    def fit(self, keep_history: bool = False) -> list[dict[str, float]]:
+        """Train from the current step up to ``total_steps``.
+
+        Returns the metrics of every step run (and of the validation before training) with ``keep_history``,
+        else of the last one only: a long run's history is in its trackers, and keeping it here too would grow the
+        driver's memory with every step.
+        """
+        history: list[dict[str, float]] = []
         trainer = self.config.trainer
         # before the first step (not again when resuming), or only that with val_only
         if trainer.val_only or (trainer.val_before_train and self.global_step == 0):
@@ -240,6 +245,8 @@ class Trainer:
                     start = time.perf_counter()
                     self.save_checkpoint(val_score)
                     metrics["timing/save_checkpoint"] = time.perf_counter() - start
+                if not keep_history:
+                    history.clear()
                 history.append(metrics)
                 for tracker in self.trackers:
                     tracker.log(metrics, step)

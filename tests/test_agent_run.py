@@ -66,7 +66,7 @@ def agent_run(
 
     setattr(trainer.rollout, method, keep_episodes)
     try:
-        return trainer.fit(), episodes, trainer.log_dir
+        return trainer.fit(keep_history=True), episodes, trainer.log_dir
     finally:
         trainer.shutdown()
 
