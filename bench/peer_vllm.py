@@ -76,7 +76,12 @@ def time_engine(model_dir: str, dtype: str, requests: list[dict], args: argparse
         # n samples per prompt as n requests with their own seeds, as easyr1 sends them
         params = [
             SamplingParams(
-                temperature=1.0, max_tokens=args.max_tokens, ignore_eos=True, seed=1000 * call + k, logprobs=0
+                temperature=1.0,
+                max_tokens=args.max_tokens,
+                ignore_eos=True,
+                seed=1000 * call + k,
+                logprobs=0,
+                detokenize=False,  # as easyr1 asks: it decodes the responses itself, for the reward
             )
             for k in range(args.n)
         ]
