@@ -217,8 +217,15 @@ class WandbTracker:
         self.run.log(dict(metrics), step=step)
 
     def close(self) -> None:
-        """Finish the run."""
+        """Finish the run and stop wandb's service, so that the run's files are complete when this returns.
+
+        ``finish`` alone can return before the service has written the last records of an offline run (seen under
+        load: a run file without its history); the atexit hook that would stop the service runs only at exit.
+        """
+        import wandb
+
         self.run.finish()
+        wandb.teardown()
 
 
 class SwanLabTracker:
