@@ -346,16 +346,17 @@ def print_table(runs: list[Run], bare: dict[str, list[dict]], window: tuple[int,
                 names = sorted({k for s in phases for k in s.get("phases", {})})
                 parts = [f"{n} {statistics.median(s['phases'].get(n, 0.0) for s in phases):.2f}" for n in names]
                 print(f"{'':6} {trainer:10} phases (rep 1): {', '.join(parts)}")
-        bare_dtypes = [dtype for result in bare.get(size, []) for dtype in result if dtype != "peak_rss_gb"]
+        not_dtypes = ("peak_rss_gb", "rep")
+        bare_dtypes = [dtype for result in bare.get(size, []) for dtype in result if dtype not in not_dtypes]
         for dtype in dict.fromkeys(bare_dtypes):
-            per_rep = [statistics.median(result[dtype]["times"]) for result in bare[size] if dtype in result]
+            per_rep = {r["rep"]: statistics.median(r[dtype]["times"]) for r in bare[size] if dtype in r}
             tokens = statistics.median(bare[size][0][dtype]["tokens"])
-            line = f"{'':6} bare vLLM {dtype}: gen {statistics.median(per_rep):.2f} s ("
-            line += " / ".join(f"{seconds:.2f}" for seconds in per_rep) + f"), {tokens:.0f} tok"
-            ours = by_trainer.get("easyr1-1w", [])
+            line = f"{'':6} bare vLLM {dtype}: gen {statistics.median(per_rep.values()):.2f} s ("
+            line += " / ".join(f"{seconds:.2f}" for seconds in per_rep.values()) + f"), {tokens:.0f} tok"
+            ours = [r for r in by_trainer.get("easyr1-1w", []) if r.rep in per_rep]
             if ours and dtype == "float32":
                 # each repetition's easyr1 generation against the bare engine measured in the same repetition
-                ratios = [measured(r, "gen", first, last) / s for r, s in zip(ours, per_rep)]
+                ratios = [measured(r, "gen", first, last) / per_rep[r.rep] for r in ours]
                 line += f"; easyr1-1w gen / bare = {statistics.median(ratios):.2f} ("
                 line += " / ".join(f"{ratio:.2f}" for ratio in ratios) + ", target <= 1.10)"
             print(line)
@@ -424,7 +425,7 @@ def main() -> None:
                 work.mkdir()
                 dtypes = ["float32", "bfloat16"] if rep == 1 else ["float32"]  # bf16: for reference, once
                 try:
-                    bare.setdefault(size, []).append(run_bare_vllm(models[size], data, work, dtypes))
+                    bare.setdefault(size, []).append({**run_bare_vllm(models[size], data, work, dtypes), "rep": rep})
                 except RuntimeError as error:
                     print(f"bare vLLM failed at {size}: {error}")
     print_table(runs, bare, window)

@@ -1,15 +1,14 @@
 """Bare vLLM on the peer benchmark's requests: the floor easyr1's generation phase is compared with.
 
 Builds the same prompts easyr1 sends (its dataset's ``raw_prompt_ids`` and images: ``--prompts`` prompts, ``--n``
-samples each, ``--max-tokens`` tokens at temperature 1) and times ``vllm.LLM.generate`` on them the way easyr1
-times ``timing/gen``: one call per step, after warm-up calls that absorb the one-off compilation. Call k gets the
-prompts of easyr1's step k + 1 (dataset rows in order, as the benchmark's unshuffled runs take them), so the engine's
-prefix and multimodal caches help it only as much as they help a trainer, whose prompts are new every step;
+samples each, ``--max-tokens`` tokens at temperature 1) and times ``vllm.LLM.generate`` on them the way easyr1 times
+``timing/gen``: one call per step, after warm-up calls that absorb the one-off compilation. Call k gets the prompts
+of easyr1's step k + 1 (dataset rows in order, as the benchmark's unshuffled runs take them), so the engine's prefix
+and multimodal caches help it only as much as they help a trainer, whose prompts are new every step;
 ``--repeat-prompts`` sends the first step's prompts every call instead (every call after the first then finds its
-prompts and images cached). The engine is
-built as easyr1 builds it (``external_launcher``, compiled unless ``--enforce-eager``, the same max_model_len), in
-one process with the threads easyr1's single worker gets. Writes a JSON file with the per-call times and generated
-tokens per dtype.
+prompts and images cached). The engine is built as easyr1 builds it (``external_launcher``, compiled unless
+``--enforce-eager``, the same max_model_len), in one process with the threads easyr1's single worker gets. Writes a
+JSON file with the per-call times and generated tokens per dtype.
 
     python bench/peer_vllm.py --model DIR --data DIR --dtype float32 --dtype bfloat16 --out FILE
 """
