@@ -7,8 +7,9 @@ of easyr1's step k + 1 (dataset rows in order, as the benchmark's unshuffled run
 and multimodal caches help it only as much as they help a trainer, whose prompts are new every step;
 ``--repeat-prompts`` sends the first step's prompts every call instead (every call after the first then finds its
 prompts and images cached). The engine is built as easyr1 builds it (``external_launcher``, compiled unless
-``--enforce-eager``, the same max_model_len), in one process with the threads easyr1's single worker gets. Writes a
-JSON file with the per-call times and generated tokens per dtype.
+``--enforce-eager``, the same max_model_len), in one process with the threads easyr1's single worker gets and
+vLLM's log level at ERROR, as easyr1 runs it. Writes a JSON file with the per-call times and generated tokens per
+dtype.
 
     python bench/peer_vllm.py --model DIR --data DIR --dtype float32 --dtype bfloat16 --out FILE
 """
@@ -116,6 +117,9 @@ def main() -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+    # easyr1's workers run vLLM at ERROR: at WARNING its CPU worker logs a line each time torch.set_num_threads is
+    # called during a generate (~56 a call here), ~2% of a 0.15 s call that the floor should not pay
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     port = os.environ.setdefault("MASTER_PORT", "29541")
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
