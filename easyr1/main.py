@@ -13,6 +13,24 @@ import sys
 from easyr1.errors import UserError
 
 
+# the tasks whose events GCS keeps for the state API (`ray list tasks`); Ray's default is 100,000
+TASK_EVENTS_KEPT = 1000
+
+
+def local_cluster_settings() -> dict[str, object]:
+    """Ray system settings for a cluster this process starts itself (a cluster started with ``ray start`` keeps
+    its own)."""
+    # Ray would start one worker process per logical CPU, ready for tasks; this trainer's work runs in actors,
+    # each started on demand, so those sit idle (~80 MB resident each)
+    settings: dict[str, object] = {"prestart_worker_first_driver": False}
+    # GCS keeps every task's events, ~3.4 KB each, and a step makes a few tasks per worker: at Ray's default a run's
+    # GCS grew by ~17 KB a step for its first 20,000 steps or so (1 worker). The last 1000 tasks are plenty to look
+    # at; an exported RAY_task_events_max_num_task_in_gcs keeps more.
+    if "RAY_task_events_max_num_task_in_gcs" not in os.environ:
+        settings["task_events_max_num_task_in_gcs"] = TASK_EVENTS_KEPT
+    return settings
+
+
 def init_ray(num_workers: int, nnodes: int = 1) -> None:
     """Start (or join, when ``RAY_ADDRESS`` is set) a Ray cluster with quiet, CPU-friendly settings.
 
@@ -56,9 +74,7 @@ def init_ray(num_workers: int, nnodes: int = 1) -> None:
         include_dashboard=False,
         runtime_env={"env_vars": env_vars},
         logging_level="WARNING",
-        # Ray would start one worker process per logical CPU, ready for tasks; this trainer's work runs in actors,
-        # each started on demand, so those sit idle (~80 MB resident each)
-        _system_config={"prestart_worker_first_driver": False},
+        _system_config=local_cluster_settings(),
     )
 
 
