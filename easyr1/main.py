@@ -13,7 +13,8 @@ import sys
 from easyr1.errors import UserError
 
 
-# the tasks whose events GCS keeps for the state API (`ray list tasks`); Ray's default is 100,000
+# the tasks whose events GCS keeps (Ray's default: 100,000); they serve Ray's state API and dashboard, which the
+# cluster init_ray starts does not run
 TASK_EVENTS_KEPT = 1000
 
 
@@ -24,8 +25,8 @@ def local_cluster_settings() -> dict[str, object]:
     # each started on demand, so those sit idle (~80 MB resident each)
     settings: dict[str, object] = {"prestart_worker_first_driver": False}
     # GCS keeps every task's events, ~3.4 KB each, and a step makes a few tasks per worker: at Ray's default a run's
-    # GCS grew by ~17 KB a step for its first 20,000 steps or so (1 worker). The last 1000 tasks are plenty to look
-    # at; an exported RAY_task_events_max_num_task_in_gcs keeps more.
+    # GCS grew by ~17 KB a step for its first 20,000 steps or so (1 worker). An exported
+    # RAY_task_events_max_num_task_in_gcs (a dashboard started by hand, say) keeps more.
     if "RAY_task_events_max_num_task_in_gcs" not in os.environ:
         settings["task_events_max_num_task_in_gcs"] = TASK_EVENTS_KEPT
     return settings
