@@ -58,6 +58,7 @@ from easyr1.workers.actor import ACTOR_FIELDS
 from easyr1.workers.hybrid_worker import HybridWorker
 from easyr1.workers.reward import Rewards, load_reward_function
 from easyr1.workers.reward_actor import RewardActor
+from easyr1.workers.rollout.vllm_rollout import cpu_block_size
 
 
 # Validation samples get their own seed stream, apart from training's generation rounds.
@@ -135,6 +136,8 @@ class Trainer:
         device = resolve_device(config.trainer.device, ray.cluster_resources())
         worker_config = copy.deepcopy(config)
         worker_config.trainer.device = device  # every worker uses the device decided here, and checks it has it
+        if device == "cpu" and config.worker.rollout.name == "vllm":
+            cpu_block_size(config.worker.rollout.block_size)  # refused here, not after the workers load models
         if config.env.enabled and config.env.context == "full" and config.worker.actor.share_prompt:
             # a trajectory's images sit in its response region too, which a prompt shared by a group cannot carry
             print(

@@ -1,4 +1,5 @@
-"""The CPU KV cache is sized for the work: keys and values of every layer for one engine's rows, not a fixed GiB."""
+"""The CPU KV cache is sized for the work (keys and values of every layer for one engine's rows, not a fixed GiB), in
+blocks vLLM's CPU attention takes."""
 
 from __future__ import annotations
 
@@ -35,3 +36,16 @@ def test_a_non_positive_size_is_refused(tiny_qwen2_5_vl_dir, tiny_dataset_dir):
 
     with pytest.raises(ConfigError, match="cpu_kv_cache_gb"):
         demo_config(tiny_qwen2_5_vl_dir, tiny_dataset_dir, "worker.rollout.cpu_kv_cache_gb=0")
+
+
+def test_cpu_block_size_must_suit_vllms_cpu_attention(tiny_qwen2_5_vl_dir, tiny_dataset_dir):
+    from easyr1.errors import ConfigError, UserError
+    from easyr1.workers.rollout.vllm_rollout import CPU_BLOCK_SIZE, cpu_block_size
+
+    assert cpu_block_size(None) == CPU_BLOCK_SIZE
+    assert cpu_block_size(64) == 64
+    with pytest.raises(UserError, match="worker.rollout.block_size=48"):
+        cpu_block_size(48)
+    # any engine's kernels need a multiple of 16: refused with the config, before Ray starts
+    with pytest.raises(ConfigError, match="worker.rollout.block_size=24"):
+        demo_config(tiny_qwen2_5_vl_dir, tiny_dataset_dir, "worker.rollout.block_size=24")

@@ -69,3 +69,53 @@ def test_override_config_and_progress_bar_reach_vllm(engine_world, tiny_qwen2_5_
     finally:
         del engine
         gc.collect()
+
+
+def build_engine(model_dir: str, block_size: int | None):
+    """easyr1's vLLM engine on the tiny model, eager, with ``worker.rollout.block_size``."""
+    from easyr1.workers.rollout.vllm_rollout import VLLMRollout
+
+    return VLLMRollout(
+        model_dir,
+        model_dir,
+        dtype=torch.float32,
+        max_model_len=128,
+        tensor_parallel_size=1,
+        seed=0,
+        pad_token_id=0,
+        banned_token_ids=[],
+        enforce_eager=True,
+        block_size=block_size,
+        cpu_kv_cache_bytes=32 * 2**20,
+    )
+
+
+def test_samples_of_a_prompt_share_its_prefill_on_cpu(engine_world, tiny_qwen2_5_vl_dir, tiny_dataset_dir):
+    """With the CPU default (32-token blocks) the n samples of a prompt reuse the KV blocks of its first sample,
+    in the same call; with vLLM's 128-token blocks a prompt this short shares nothing. The samples are the same."""
+    samples = 4
+    prompts = prompt_batch(tiny_qwen2_5_vl_dir, tiny_dataset_dir, 1).repeat(samples, interleave=True)
+    prompt_length = int(prompts["attention_mask"][0].sum())
+    assert prompt_length > 32, "the test needs a prompt of more than one block"
+    settings = SamplingSettings(max_tokens=4, temperature=1.0)
+    responses, cached = {}, {}
+    for block_size in (None, 128):
+        engine = build_engine(str(tiny_qwen2_5_vl_dir), block_size)
+        try:
+            expected = 32 if block_size is None else 128
+            assert engine.llm.llm_engine.vllm_config.cache_config.block_size == expected
+            # what vLLM reports per request: the prompt tokens it took from the prefix cache
+            requests = [
+                {"prompt_token_ids": list(prompts["raw_prompt_ids"][0]), "multi_modal_data": {"image": row}}
+                for row in [prompts["multi_modal_data"][0]["images"]] * samples
+            ]
+            outputs = engine.llm.generate(requests, use_tqdm=False)
+            cached[block_size] = sorted(output.num_cached_tokens for output in outputs)
+            responses[block_size] = engine.generate(prompts, settings, seeds=list(range(samples)))["responses"]
+        finally:
+            del engine
+            gc.collect()
+    whole_blocks = prompt_length // 32 * 32
+    assert cached[None] == [0] + [whole_blocks] * (samples - 1)
+    assert cached[128] == [0] * samples
+    assert torch.equal(responses[None], responses[128])

@@ -49,6 +49,12 @@ class RolloutConfig:
     tensor_parallel_size: int = option(2, "workers sharing one engine by tensor parallelism")
     max_model_len: int | None = option(None, "longest prompt + response the engine handles (null: from lengths)")
     max_num_batched_tokens: int = option(8192, "most tokens vLLM processes in one scheduler step")
+    block_size: int | None = option(
+        None,
+        "tokens per block of vLLM's KV cache (null: 32 on CPU, vLLM's own choice on GPU). vLLM shares whole blocks "
+        "of a prompt between its n samples, so smaller blocks share more of its prefill; vLLM's CPU attention takes "
+        "multiples of 32, its GPU kernels multiples of 16",
+    )
     disable_log_stats: bool = option(True, "silence vLLM's periodic statistics")
     disable_tqdm: bool = option(False, "hide rank 0's generation progress bar")
     val_override_config: dict[str, Any] = option({}, "rollout keys changed for validation, e.g. {temperature: 0.6}")
@@ -73,6 +79,7 @@ ROLLOUT_RANGES = {
     "tensor_parallel_size": AT_LEAST_ONE,
     "max_model_len": AT_LEAST_ONE_OR_NULL,
     "max_num_batched_tokens": AT_LEAST_ONE,
+    "block_size": (lambda v: v is None or (v > 0 and v % 16 == 0), "a positive multiple of 16, or null"),
     "cpu_kv_cache_gb": POSITIVE_OR_NULL,
 }
 

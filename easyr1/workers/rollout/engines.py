@@ -86,6 +86,7 @@ def _build_vllm(setup: EngineSetup) -> RolloutEngine:
         enforce_eager=rollout.enforce_eager,
         enable_chunked_prefill=rollout.enable_chunked_prefill,
         max_num_batched_tokens=rollout.max_num_batched_tokens,
+        block_size=rollout.block_size,
         cpu_kv_cache_bytes=setup.cpu_kv_cache_bytes(),
         trust_remote_code=rollout.trust_remote_code,
         disable_log_stats=rollout.disable_log_stats,
