@@ -8,10 +8,11 @@ and multimodal caches help it only as much as they help a trainer, whose prompts
 ``--repeat-prompts`` sends the first step's prompts every call instead (every call after the first then finds its
 prompts and images cached). The engine is built as easyr1 builds it (``external_launcher``, compiled unless
 ``--enforce-eager``, the same max_model_len), in one process with the threads easyr1's single worker gets and
-vLLM's log level at ERROR, as easyr1 runs it. Writes a JSON file with the per-call times and generated tokens per
-dtype.
+vLLM's log level at ERROR, as easyr1 runs it. Each ``--engine`` is a dtype, optionally with a KV-cache block size
+(``float32:32``); without one the block size is vLLM's own choice (128 on CPU), as a user calling ``vllm.LLM`` gets
+it. Writes a JSON file with the per-call times and generated tokens per engine.
 
-    python bench/peer_vllm.py --model DIR --data DIR --dtype float32 --dtype bfloat16 --out FILE
+    python bench/peer_vllm.py --model DIR --data DIR --engine float32 --engine float32:32 --out FILE
 """
 
 from __future__ import annotations
@@ -48,14 +49,16 @@ def build_requests(model_dir: str, data_dir: str, prompts: int, pixels: tuple[in
     ]
 
 
-def time_engine(model_dir: str, dtype: str, requests: list[dict], args: argparse.Namespace) -> dict:
-    """Build one engine in ``dtype``; time ``args.calls`` generate calls after ``args.warmup`` untimed ones."""
+def time_engine(model_dir: str, engine: str, requests: list[dict], args: argparse.Namespace) -> dict:
+    """Build one engine (``dtype`` or ``dtype:block_size``); time ``args.calls`` generate calls after
+    ``args.warmup`` untimed ones."""
     from vllm import LLM, SamplingParams
 
     from easyr1.models.loading import load_model_config
     from easyr1.workers.rollout.vllm_rollout import cpu_kv_cache_bytes
 
     text_config = load_model_config(model_dir).text_config
+    dtype, _, block_size = engine.partition(":")
     rows = len(requests) * args.n
     llm = LLM(
         model=model_dir,
@@ -68,6 +71,7 @@ def time_engine(model_dir: str, dtype: str, requests: list[dict], args: argparse
         kv_cache_memory_bytes=cpu_kv_cache_bytes(text_config, rows, 128, getattr(torch, dtype)),
         disable_log_stats=True,
         logprobs_mode="processed_logprobs",
+        **({"block_size": int(block_size)} if block_size else {}),
     )
     times, tokens = [], []
     per_call = len(requests) // (args.warmup + args.calls)
@@ -102,7 +106,9 @@ def main() -> None:
     parser.add_argument("--enforce-eager", action="store_true", help="as worker.rollout.enforce_eager=true")
     parser.add_argument("--model", required=True)
     parser.add_argument("--data", required=True)
-    parser.add_argument("--dtype", action="append", default=None, help="repeatable; default float32 and bfloat16")
+    parser.add_argument(
+        "--engine", action="append", default=None, help="DTYPE or DTYPE:BLOCK_SIZE, repeatable; default float32"
+    )
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=32)
@@ -128,7 +134,7 @@ def main() -> None:
     requests = build_requests(args.model, args.data, rows, (args.min_pixels, args.max_pixels))
     if args.repeat_prompts:
         requests = requests * calls
-    result = {dtype: time_engine(args.model, dtype, requests, args) for dtype in args.dtype or ["float32", "bfloat16"]}
+    result = {engine: time_engine(args.model, engine, requests, args) for engine in args.engine or ["float32"]}
     Path(args.out).write_text(json.dumps(result), encoding="utf-8")
 
 

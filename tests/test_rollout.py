@@ -109,11 +109,19 @@ def test_vllm_rejects_prompt_ids_that_disagree_with_the_trainer(workers, tiny_qw
 
 def test_each_sample_gets_the_same_tokens_whatever_the_request_shape(workers, tiny_qwen2_5_vl_dir, tiny_dataset_dir):
     """A sample's tokens depend on its prompt and seed only: not on how many workers share the batch, on the
-    other rows of the request, or on the order of the rows. (1 and 2 workers; the whole batch, a permuted one.)"""
+    other rows of the request, or on the order of the rows. (1 and 2 workers; the whole batch, a permuted one.) The
+    rows come as the driver repeats them, a prompt's samples side by side, so vLLM gets one request of 3 samples
+    per prompt; permuted, one request per row."""
     import ray
 
+    from easyr1.workers.rollout.vllm_rollout import sample_groups
+
     engine, group = workers
-    batch = with_seeds(prompt_batch(tiny_qwen2_5_vl_dir, tiny_dataset_dir, 4), 3, offset=500)
+    batch = prompt_batch(tiny_qwen2_5_vl_dir, tiny_dataset_dir, 4).repeat(3, interleave=True)
+    batch["sample_seed"] = torch.arange(len(batch)) + 500
+    seeds = batch["sample_seed"].tolist()
+    # as a worker sees the rows after Ray's serialization, which keeps the repeated rows' images one object
+    assert sample_groups(ray.get(ray.put(batch)), seeds) == [(0, 3), (3, 3), (6, 3), (9, 3)]
     split_over_two = group.run_split("generate", batch, SAMPLING)  # each worker generates 6 rows
     permutation = torch.randperm(len(batch), generator=torch.Generator().manual_seed(0)).tolist()
     # every worker takes part (a pending weight sync is collective): one gets all rows, the other all rows permuted
@@ -124,6 +132,8 @@ def test_each_sample_gets_the_same_tokens_whatever_the_request_shape(workers, ti
         ]
     )
     unpermuted = permuted.index(torch.argsort(torch.tensor(permutation)).tolist())
+    permuted_rows = batch.index(permutation)
+    assert len(sample_groups(permuted_rows, permuted_rows["sample_seed"].tolist())) > 8  # mostly one row each
     for other in (whole, unpermuted):
         assert torch.equal(other["responses"], split_over_two["responses"])
         assert torch.equal(other["response_mask"], split_over_two["response_mask"])

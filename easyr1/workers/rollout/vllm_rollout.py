@@ -101,6 +101,30 @@ def cpu_kv_cache_bytes(text_config: Any, rows: int, max_model_len: int, dtype: t
     return max(needed, 32 * 2**20)
 
 
+def sample_groups(prompts: Batch, seeds: list[int]) -> list[tuple[int, int]]:
+    """Runs of consecutive rows that are samples of one prompt, as (first row, rows): the same prompt ids, the same
+    images (the same objects, or the same ``uid``: the driver's id of a prompt's group of samples), and seeds that
+    count up by one from the first row's."""
+    ids = prompts["raw_prompt_ids"]
+    multi_modal = prompts["multi_modal_data"] if "multi_modal_data" in prompts else None
+    uids = prompts["uid"] if "uid" in prompts else None
+    groups: list[tuple[int, int]] = []
+    for row in range(len(prompts)):
+        if groups:
+            first, count = groups[-1]
+            same_images = multi_modal is None or multi_modal[row] is multi_modal[first]
+            same_group = uids is not None and uids[row] == uids[first]
+            if (
+                seeds[row] == seeds[first] + count
+                and (same_images or same_group)
+                and list(ids[row]) == list(ids[first])
+            ):
+                groups[-1] = (first, count + 1)
+                continue
+        groups.append((row, 1))
+    return groups
+
+
 class VLLMRollout:
     """Generate with ``vllm.LLM``; weights are pushed in from the actor before each rollout."""
 
@@ -202,11 +226,18 @@ class VLLMRollout:
         return list(get_tp_group().ranks)
 
     def generate(self, prompts: Batch, sampling: SamplingSettings, seeds: list[int]) -> Batch:
-        """One response per prompt row, with the sampled tokens' log-probs."""
+        """One response per prompt row, with the sampled tokens' log-probs.
+
+        Consecutive rows of one prompt with consecutive seeds (a prompt's n samples, as the driver repeats them) go
+        to vLLM as one request with ``n`` samples: it renders the prompt and its images once instead of n times, and
+        gives sample k the seed ``seed + k``, the seed the row has, so the tokens are those of one request per row.
+        """
         from vllm import SamplingParams
 
+        # vLLM refuses n > 1 for greedy sampling (its samples would be equal anyway)
+        groups = [(row, 1) for row in range(len(prompts))] if sampling.greedy else sample_groups(prompts, seeds)
         requests = []
-        for row in range(len(prompts)):
+        for row, _ in groups:
             request = {"prompt_token_ids": list(prompts["raw_prompt_ids"][row])}
             multi_modal = prompts["multi_modal_data"][row] if "multi_modal_data" in prompts else None
             if multi_modal:
@@ -214,27 +245,27 @@ class VLLMRollout:
             requests.append(request)
         params = [
             SamplingParams(
-                n=1,
+                n=count,
                 temperature=0.0 if sampling.greedy else sampling.temperature,
                 top_p=1.0 if sampling.greedy else sampling.top_p,
                 top_k=-1 if sampling.greedy else sampling.top_k,
                 max_tokens=sampling.max_tokens,
                 ignore_eos=sampling.ignore_eos,
                 logprobs=0,
-                seed=seed,
+                seed=seeds[row],
                 detokenize=False,
                 logit_bias=self.logit_bias,
             )
-            for seed in seeds
+            for row, count in groups
         ]
         outputs = self.llm.generate(requests, params, use_tqdm=self.show_progress)
-        self._check_prompt_ids(prompts, [output.prompt_token_ids for output in outputs])
+        self._check_prompt_ids(prompts, [output.prompt_token_ids for output in outputs for _ in output.outputs])
         response_ids, response_log_probs = [], []
         for output in outputs:
-            completion = output.outputs[0]
-            ids = list(completion.token_ids)
-            response_ids.append(ids)
-            response_log_probs.append([step[token].logprob for step, token in zip(completion.logprobs, ids)])
+            for completion in output.outputs:  # in sample order (vLLM orders them by index)
+                ids = list(completion.token_ids)
+                response_ids.append(ids)
+                response_log_probs.append([step[token].logprob for step, token in zip(completion.logprobs, ids)])
         return pack_responses(prompts, response_ids, response_log_probs, sampling.max_tokens, self.pad_token_id)
 
     def _check_prompt_ids(self, prompts: Batch, engine_prompt_ids: list[list[int]]) -> None:
