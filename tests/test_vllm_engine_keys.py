@@ -1,4 +1,5 @@
-"""Config keys that reach vLLM: ``model.override_config`` (as ``hf_overrides``) and ``rollout.disable_tqdm``.
+"""Config keys that reach vLLM: ``model.override_config`` (as ``hf_overrides``), ``rollout.disable_tqdm`` and
+``rollout.block_size`` (on CPU a prompt's samples share its prefill).
 
 The engine runs in this process, in a one-rank gloo world (vLLM's external launcher), as it does in a worker.
 """
@@ -6,6 +7,7 @@ The engine runs in this process, in a one-rank gloo world (vLLM's external launc
 from __future__ import annotations
 
 import gc
+from typing import Any
 
 import pytest
 import torch
@@ -38,41 +40,8 @@ def language_norm_eps(worker) -> list[float]:
     )
 
 
-def test_override_config_and_progress_bar_reach_vllm(engine_world, tiny_qwen2_5_vl_dir, tiny_dataset_dir, capsys):
-    from easyr1.workers.rollout.vllm_rollout import VLLMRollout
-
-    model_dir = str(tiny_qwen2_5_vl_dir)
-    engine = VLLMRollout(
-        model_dir,
-        model_dir,
-        dtype=torch.float32,
-        max_model_len=128,
-        tensor_parallel_size=1,
-        seed=0,
-        pad_token_id=0,
-        banned_token_ids=[],
-        enforce_eager=True,
-        cpu_kv_cache_bytes=32 * 2**20,
-        override_config={"text_config": {"rms_norm_eps": EPS}},
-        show_progress=True,
-    )
-    try:
-        assert engine.llm.llm_engine.model_config.hf_config.text_config.rms_norm_eps == EPS
-        assert engine.llm.collective_rpc(language_norm_eps) == [[EPS]]  # the model was built with it
-        prompts = prompt_batch(tiny_qwen2_5_vl_dir, tiny_dataset_dir, 1)
-        capsys.readouterr()
-        engine.generate(prompts, SamplingSettings(max_tokens=2), seeds=[0])
-        assert "Processed prompts" in capsys.readouterr().err  # vLLM's own bar
-        engine.show_progress = False
-        engine.generate(prompts, SamplingSettings(max_tokens=2), seeds=[0])
-        assert "Processed prompts" not in capsys.readouterr().err
-    finally:
-        del engine
-        gc.collect()
-
-
-def build_engine(model_dir: str, block_size: int | None):
-    """easyr1's vLLM engine on the tiny model, eager, with ``worker.rollout.block_size``."""
+def build_engine(model_dir: str, block_size: int | None = None, **keys: Any):
+    """easyr1's vLLM engine on the tiny model, eager, with ``worker.rollout.block_size`` and other ``keys``."""
     from easyr1.workers.rollout.vllm_rollout import VLLMRollout
 
     return VLLMRollout(
@@ -87,7 +56,27 @@ def build_engine(model_dir: str, block_size: int | None):
         enforce_eager=True,
         block_size=block_size,
         cpu_kv_cache_bytes=32 * 2**20,
+        **keys,
     )
+
+
+def test_override_config_and_progress_bar_reach_vllm(engine_world, tiny_qwen2_5_vl_dir, tiny_dataset_dir, capsys):
+    engine = build_engine(
+        str(tiny_qwen2_5_vl_dir), override_config={"text_config": {"rms_norm_eps": EPS}}, show_progress=True
+    )
+    try:
+        assert engine.llm.llm_engine.model_config.hf_config.text_config.rms_norm_eps == EPS
+        assert engine.llm.collective_rpc(language_norm_eps) == [[EPS]]  # the model was built with it
+        prompts = prompt_batch(tiny_qwen2_5_vl_dir, tiny_dataset_dir, 1)
+        capsys.readouterr()
+        engine.generate(prompts, SamplingSettings(max_tokens=2), seeds=[0])
+        assert "Processed prompts" in capsys.readouterr().err  # vLLM's own bar
+        engine.show_progress = False
+        engine.generate(prompts, SamplingSettings(max_tokens=2), seeds=[0])
+        assert "Processed prompts" not in capsys.readouterr().err
+    finally:
+        del engine
+        gc.collect()
 
 
 def test_samples_of_a_prompt_share_its_prefill_on_cpu(engine_world, tiny_qwen2_5_vl_dir, tiny_dataset_dir):
