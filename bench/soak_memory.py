@@ -7,9 +7,13 @@ for ``--steps`` steps and reads, per step, the peak resident memory easyr1 itsel
 RSS of the whole process tree (driver, Ray, workers, vLLM) every 0.2 s and keeps each step's last sample. It fits a
 least-squares line over steps ``--fit-from``..end for each series and prints its slope in MB per 100 steps beside
 the spread of the residuals; a slope whose total change over the fitted steps stays inside twice the residual
-standard deviation is reported as within noise.
+standard deviation is reported as within noise. A line fit calls a series that is flat apart from one rise (an
+allocator taking a new arena) growing, so each series is fitted again with its largest single rise taken out: "flat"
+when what is left grows by less than ``--tolerance`` MB / 100 steps or within twice its residual spread, "still
+grows" otherwise. ``--analyse`` re-fits a saved result (another ``--fit-from``, another tolerance) without a run.
 
     python bench/soak_memory.py [--steps 200] [--workers 1] [--easyr1-set KEY=VALUE ...]
+    python bench/soak_memory.py --analyse bench/results/soak-<time>.json [--fit-from 300]
 """
 
 from __future__ import annotations
@@ -39,6 +43,60 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
     return slope, intercept, statistics.pstdev(residuals)
 
 
+def without_largest_rise(xs: list[float], ys: list[float]) -> tuple[int, float, list[float]]:
+    """The largest rise between consecutive points (its index, its size) and ``ys`` with it taken out: every point
+    after it lowered by that much. A series that is flat apart from one such rise (an allocator taking a new arena)
+    is then flat; one that grows step by step still grows."""
+    rises = [ys[i + 1] - ys[i] for i in range(len(ys) - 1)]
+    at = max(range(len(rises)), key=rises.__getitem__)
+    size = max(rises[at], 0.0)
+    return at + 1, size, [y - size if i > at else y for i, y in enumerate(ys)]
+
+
+def analyse(
+    series: dict[str, dict[int, float]], fit_from: int, last_step: int, tolerance: float = 0.1
+) -> dict[str, dict[str, float | str]]:
+    """Fit each series (GB per step) over ``fit_from``..``last_step``, print the slopes, with and without the
+    series' largest single rise; the summary per series."""
+    print(f"least-squares fit over steps {fit_from}-{last_step}:")
+    summary: dict[str, dict[str, float | str]] = {}
+    for name, values in series.items():
+        points = sorted((int(s), v) for s, v in values.items() if fit_from <= int(s) <= last_step)
+        if len(points) < 3:
+            print(f"  {name}: too few points")
+            continue
+        xs, ys = [float(s) for s, _ in points], [v * 1000 for _, v in points]  # MB
+        slope, intercept, noise = fit_line(xs, ys)
+        change = slope * (xs[-1] - xs[0])
+        verdict = "within noise" if abs(change) <= 2 * noise else "GROWS" if change > 0 else "shrinks"
+        print(
+            f"  {name}: {slope * 100:+.2f} MB / 100 steps (start {intercept + slope * xs[0]:.0f} MB, "
+            f"residual sd {noise:.1f} MB, change over the fit {change:+.1f} MB): {verdict}"
+        )
+        at, rise, flattened = without_largest_rise(xs, ys)
+        rest_slope, _, rest_noise = fit_line(xs, flattened)
+        rest_change = rest_slope * (xs[-1] - xs[0])
+        # a rise that is the whole growth is a step, not a leak: nothing grows on either side of it. Growth slower
+        # than ``tolerance`` MB / 100 steps (0.1: 1 MB in 1000 steps) counts as flat even when the series is smooth
+        # enough for a line fit to tell it from zero.
+        grows = rest_slope * 100 > tolerance and rest_change > 2 * rest_noise
+        rest_verdict = "still grows" if grows else "flat"
+        print(
+            f"    without its largest single rise (+{rise:.1f} MB at step {int(xs[at])}): "
+            f"{rest_slope * 100:+.2f} MB / 100 steps (change over the fit {rest_change:+.1f} MB): {rest_verdict}"
+        )
+        summary[name] = {
+            "slope_mb_per_100_steps": slope * 100,
+            "residual_sd_mb": noise,
+            "verdict": verdict,
+            "largest_rise_mb": rise,
+            "largest_rise_step": int(xs[at]),
+            "slope_without_it_mb_per_100_steps": rest_slope * 100,
+            "verdict_without_it": rest_verdict,
+        }
+    return summary
+
+
 def tree_rss_gb(pid: int) -> float:
     """Summed RSS of ``pid`` and its descendants now, in GB."""
     try:
@@ -65,7 +123,19 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--size", default="0.6M")
     parser.add_argument("--easyr1-set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.1,
+        help="MB / 100 steps below which a series without its largest rise is flat",
+    )
+    parser.add_argument("--analyse", metavar="SOAK_JSON", help="re-fit a saved soak-<time>.json instead of running")
     args = parser.parse_args()
+    if args.analyse:
+        saved = json.loads(Path(args.analyse).read_text())
+        last = max(int(step) for values in saved["series"].values() for step in values)
+        analyse(saved["series"], args.fit_from, last, args.tolerance)
+        return
     if args.fit_from >= args.steps - 2:
         raise SystemExit(f"--fit-from ({args.fit_from}) must leave at least 3 steps before --steps ({args.steps})")
 
@@ -119,22 +189,7 @@ def main() -> None:
         f"{len(records)} steps, median {statistics.median(step_times):.2f} s/step, tree peak RSS {tree_peak:.2f} GB, "
         f"peak PSS {tree_pss_peak:.2f} GB"
     )
-    print(f"least-squares fit over steps {args.fit_from}-{args.steps}:")
-    summary = {}
-    for name, values in series.items():
-        points = sorted((s, v) for s, v in values.items() if s >= args.fit_from)
-        if len(points) < 3:
-            print(f"  {name}: too few points")
-            continue
-        xs, ys = [float(s) for s, _ in points], [v * 1000 for _, v in points]  # MB
-        slope, intercept, noise = fit_line(xs, ys)
-        change = slope * (xs[-1] - xs[0])
-        verdict = "within noise" if abs(change) <= 2 * noise else "GROWS" if change > 0 else "shrinks"
-        print(
-            f"  {name}: {slope * 100:+.2f} MB / 100 steps (start {intercept + slope * xs[0]:.0f} MB, "
-            f"residual sd {noise:.1f} MB, change over the fit {change:+.1f} MB): {verdict}"
-        )
-        summary[name] = {"slope_mb_per_100_steps": slope * 100, "residual_sd_mb": noise, "verdict": verdict}
+    summary = analyse(series, args.fit_from, args.steps, args.tolerance)
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"soak-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps({"args": vars(args), "summary": summary, "series": series}, indent=1))
