@@ -42,50 +42,22 @@ class Engine:
         sys.path[:0] = [str(REPO / "bench"), str(REPO)]  # a Ray actor starts without this script's path
         import torch
         import torch.distributed as dist
-        from peer_vllm import build_requests
-        from vllm import LLM
-
-        from easyr1.models.loading import load_model_config
-        from easyr1.workers.rollout.vllm_rollout import cpu_kv_cache_bytes
+        from peer_vllm import build_engine, build_requests
 
         torch.set_num_threads(THREADS)
         # external_launcher: one rank of its own process group, as in easyr1's worker
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
         self.requests = build_requests(model_dir, data_dir, PROMPTS * calls, (MIN_PIXELS, MAX_PIXELS))
-        text_config = load_model_config(model_dir).text_config
-        rows = PROMPTS * SAMPLES_PER_PROMPT
-        self.llm = LLM(
-            model=model_dir,
-            dtype="float32",
-            seed=0,
-            distributed_executor_backend="external_launcher",
-            max_model_len=128,
-            kv_cache_memory_bytes=cpu_kv_cache_bytes(text_config, rows, 128, torch.float32),
-            disable_log_stats=True,
-            logprobs_mode="processed_logprobs",
-            block_size=32,
-        )
+        self.llm = build_engine(model_dir, "float32:32", PROMPTS * SAMPLES_PER_PROMPT)
 
     def generate(self, call: int) -> tuple[float, list[list[int]]]:
         """Call ``call``'s requests: the seconds ``LLM.generate`` took here, and the tokens of every sample."""
-        from vllm import SamplingParams
+        from peer_vllm import step_requests
 
-        prompts = self.requests[call * PROMPTS : (call + 1) * PROMPTS]
-        params = [
-            SamplingParams(
-                temperature=1.0,
-                max_tokens=NEW_TOKENS,
-                ignore_eos=True,
-                seed=1000 * call + k,
-                logprobs=0,
-                detokenize=False,
-            )
-            for k in range(SAMPLES_PER_PROMPT)
-        ]
-        batch = [prompt for prompt in prompts for _ in range(SAMPLES_PER_PROMPT)]
+        batch, params = step_requests(self.requests, call, PROMPTS, SAMPLES_PER_PROMPT, NEW_TOKENS)
         start = time.perf_counter()
-        outputs = self.llm.generate(batch, [p for _ in prompts for p in params], use_tqdm=False)
+        outputs = self.llm.generate(batch, params, use_tqdm=False)
         return time.perf_counter() - start, [list(output.outputs[0].token_ids) for output in outputs]
 
 

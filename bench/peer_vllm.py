@@ -49,49 +49,60 @@ def build_requests(model_dir: str, data_dir: str, prompts: int, pixels: tuple[in
     ]
 
 
-def time_engine(model_dir: str, engine: str, requests: list[dict], args: argparse.Namespace) -> dict:
-    """Build one engine (``dtype`` or ``dtype:block_size``); time ``args.calls`` generate calls after
-    ``args.warmup`` untimed ones."""
-    from vllm import LLM, SamplingParams
+def build_engine(model_dir: str, engine: str, rows: int, enforce_eager: bool = False):
+    """``vllm.LLM`` as easyr1 builds its engine (external launcher, the KV cache easyr1 sizes for ``rows`` rows at
+    once), for ``engine``: a dtype, optionally with a KV-cache block size (``float32:32``)."""
+    from vllm import LLM
 
     from easyr1.models.loading import load_model_config
     from easyr1.workers.rollout.vllm_rollout import cpu_kv_cache_bytes
 
     text_config = load_model_config(model_dir).text_config
     dtype, _, block_size = engine.partition(":")
-    rows = len(requests) * args.n
-    llm = LLM(
+    return LLM(
         model=model_dir,
         dtype=dtype,
         seed=0,
         distributed_executor_backend="external_launcher",
         max_model_len=128,
-        enforce_eager=args.enforce_eager,
-        # the KV cache easyr1 sizes for one engine generating these rows
+        enforce_eager=enforce_eager,
         kv_cache_memory_bytes=cpu_kv_cache_bytes(text_config, rows, 128, getattr(torch, dtype)),
         disable_log_stats=True,
         logprobs_mode="processed_logprobs",
         **({"block_size": int(block_size)} if block_size else {}),
     )
+
+
+def step_requests(requests: list[dict], call: int, prompts: int, n: int, max_tokens: int) -> tuple[list, list]:
+    """Call ``call``'s requests and their sampling parameters: the next ``prompts`` prompts, ``n`` samples each as
+    ``n`` requests with their own seeds (how easyr1 sent them before it grouped a prompt's samples)."""
+    from vllm import SamplingParams
+
+    prompts_of_call = requests[call * prompts : (call + 1) * prompts]
+    params = [
+        SamplingParams(
+            temperature=1.0,
+            max_tokens=max_tokens,
+            ignore_eos=True,
+            seed=1000 * call + k,
+            logprobs=0,
+            detokenize=False,  # as easyr1 asks: it decodes the responses itself, for the reward
+        )
+        for k in range(n)
+    ]
+    return [p for p in prompts_of_call for _ in range(n)], [sp for _ in prompts_of_call for sp in params]
+
+
+def time_engine(model_dir: str, engine: str, requests: list[dict], args: argparse.Namespace) -> dict:
+    """Build one engine (``dtype`` or ``dtype:block_size``); time ``args.calls`` generate calls after
+    ``args.warmup`` untimed ones."""
+    calls = args.warmup + args.calls
+    llm = build_engine(model_dir, engine, len(requests) * args.n, args.enforce_eager)
     times, tokens = [], []
-    per_call = len(requests) // (args.warmup + args.calls)
-    for call in range(args.warmup + args.calls):
-        step_requests = requests[call * per_call : (call + 1) * per_call]
-        # n samples per prompt as n requests with their own seeds, as easyr1 sends them
-        params = [
-            SamplingParams(
-                temperature=1.0,
-                max_tokens=args.max_tokens,
-                ignore_eos=True,
-                seed=1000 * call + k,
-                logprobs=0,
-                detokenize=False,  # as easyr1 asks: it decodes the responses itself, for the reward
-            )
-            for k in range(args.n)
-        ]
-        batch = [request for request in step_requests for _ in range(args.n)]
+    for call in range(calls):
+        batch, params = step_requests(requests, call, len(requests) // calls, args.n, args.max_tokens)
         start = time.perf_counter()
-        outputs = llm.generate(batch, [p for _ in step_requests for p in params], use_tqdm=False)
+        outputs = llm.generate(batch, params, use_tqdm=False)
         seconds = time.perf_counter() - start
         if call >= args.warmup:
             times.append(seconds)
