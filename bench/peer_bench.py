@@ -304,6 +304,26 @@ def run_bare_vllm(model: Path, data: Path, work: Path, engines: list[str]) -> di
     return result
 
 
+def bare_line(
+    bare: dict[str, list[dict]],
+    size: str,
+    rep: int,
+    when: str,
+    model: Path,
+    data: Path,
+    scratch: Path,
+    engines: list[str],
+) -> None:
+    """One bare-vLLM run of repetition ``rep`` at ``size`` (``when``: before or after easyr1-1w), added to
+    ``bare[size]``; a failure is printed, not raised."""
+    work = scratch / f"{size}-bare-vllm-{rep}-{when}"
+    work.mkdir()
+    try:
+        bare.setdefault(size, []).append({**run_bare_vllm(model, data, work, engines), "rep": rep, "when": when})
+    except RuntimeError as error:
+        print(f"bare vLLM failed at {size} ({when}): {error}")
+
+
 def measured(run: Run, key: str, first: int, last: int) -> float:
     """Median of ``key`` over steps ``first``..``last`` (1-based, inclusive) of a run."""
     values = [step[key] for step in run.steps[first - 1 : last]]
@@ -347,18 +367,24 @@ def print_table(runs: list[Run], bare: dict[str, list[dict]], window: tuple[int,
                 names = sorted({k for s in phases for k in s.get("phases", {})})
                 parts = [f"{n} {statistics.median(s['phases'].get(n, 0.0) for s in phases):.2f}" for n in names]
                 print(f"{'':6} {trainer:10} phases (rep 1): {', '.join(parts)}")
-        not_engines = ("peak_rss_gb", "rep")
+        not_engines = ("peak_rss_gb", "rep", "when")
         bare_engines = [engine for result in bare.get(size, []) for engine in result if engine not in not_engines]
         for engine in dict.fromkeys(bare_engines):
-            per_rep = {r["rep"]: statistics.median(r[engine]["times"]) for r in bare[size] if engine in r}
-            tokens = statistics.median(bare[size][0][engine]["tokens"])
+            # a repetition's bare runs bracket its easyr1-1w run (one right before, one right after): the median of
+            # their calls pooled is the engine's speed while easyr1 ran, drift over the run cancelling to first order
+            calls_of: dict[int, list[float]] = {}
+            for result in bare[size]:
+                if engine in result:
+                    calls_of.setdefault(result["rep"], []).extend(result[engine]["times"])
+            per_rep = {rep: statistics.median(times) for rep, times in calls_of.items()}
+            tokens = statistics.median(next(r for r in bare[size] if engine in r)[engine]["tokens"])
             dtype, _, block_size = engine.partition(":")
             built = f"{dtype}, blocks of {block_size}" if block_size else f"{dtype}, vLLM's block size"
             line = f"{'':6} bare vLLM ({built}): gen {statistics.median(per_rep.values()):.2f} s ("
             line += " / ".join(f"{seconds:.2f}" for seconds in per_rep.values()) + f"), {tokens:.0f} tok"
             ours = [r for r in by_trainer.get("easyr1-1w", []) if r.rep in per_rep]
             if ours and dtype == "float32":
-                # each repetition's easyr1 generation against the bare engine measured in the same repetition
+                # each repetition's easyr1 generation against the bare engine measured around it
                 ratios = [measured(r, "gen", first, last) / per_rep[r.rep] for r in ours]
                 line += f"; easyr1-1w gen / bare = {statistics.median(ratios):.2f} ("
                 # vLLM as a user calls it is the floor issue 11 sets; the engine as easyr1 builds it shows the cost of
@@ -408,9 +434,15 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="peerbench_"))
     runs: list[Run] = []
-    bare: dict[str, list[dict]] = {}  # per size, one result per repetition
+    bare: dict[str, list[dict]] = {}  # per size, its bare runs: two per repetition
     for rep in range(1, args.reps + 1):
         for size in sizes:
+            # vLLM as a user builds it (its own block size), and as easyr1 builds it; bf16: for reference, once.
+            # The two bracket easyr1-1w symmetrically, the user's engine nearest to it on both sides.
+            user, ours = "float32", f"float32:{block}"
+            before = ([f"bfloat16:{block}"] if rep == 1 else []) + [ours, user]
+            if not args.no_bare_vllm:
+                bare_line(bare, size, rep, "before", models[size], data, scratch, before)
             for trainer in trainers:
                 run = Run(size, trainer, rep)
                 work = scratch / f"{size}-{trainer}-{rep}"
@@ -428,15 +460,8 @@ def main() -> None:
                 status = run.error.splitlines()[0] if run.error else f"{measured(run, 'step', *window):.2f} s/step"
                 print(f"[rep {rep}] {size} {trainer}: {status} ({run.wall_s:.0f} s)", flush=True)
                 runs.append(run)
-            if not args.no_bare_vllm:  # every repetition, interleaved with the trainers like them
-                work = scratch / f"{size}-bare-vllm-{rep}"
-                work.mkdir()
-                # vLLM as a user builds it (its own block size), and as easyr1 builds it; bf16: for reference, once
-                engines = ["float32", f"float32:{block}"] + ([f"bfloat16:{block}"] if rep == 1 else [])
-                try:
-                    bare.setdefault(size, []).append({**run_bare_vllm(models[size], data, work, engines), "rep": rep})
-                except RuntimeError as error:
-                    print(f"bare vLLM failed at {size}: {error}")
+                if trainer == "easyr1-1w" and not args.no_bare_vllm:
+                    bare_line(bare, size, rep, "after", models[size], data, scratch, [user, ours])
     print_table(runs, bare, window)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = RESULTS / f"peer-{stamp}.json"
