@@ -434,16 +434,17 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="peerbench_"))
     runs: list[Run] = []
-    bare: dict[str, list[dict]] = {}  # per size, its bare runs: two per repetition
+    bare: dict[str, list[dict]] = {}  # per size, its bare runs (two per repetition around easyr1-1w)
     for rep in range(1, args.reps + 1):
         for size in sizes:
             # vLLM as a user builds it (its own block size), and as easyr1 builds it; bf16: for reference, once.
-            # The two bracket easyr1-1w symmetrically, the user's engine nearest to it on both sides.
-            user, ours = "float32", f"float32:{block}"
-            before = ([f"bfloat16:{block}"] if rep == 1 else []) + [ours, user]
-            if not args.no_bare_vllm:
-                bare_line(bare, size, rep, "before", models[size], data, scratch, before)
+            # Two bare runs bracket easyr1-1w symmetrically, the user's engine nearest to it on both sides.
+            user_engine, easyr1_engine = "float32", f"float32:{block}"
+            first_engines = ([f"bfloat16:{block}"] if rep == 1 else []) + [easyr1_engine, user_engine]
+            bracket = not args.no_bare_vllm and "easyr1-1w" in trainers
             for trainer in trainers:
+                if bracket and trainer == "easyr1-1w":
+                    bare_line(bare, size, rep, "before", models[size], data, scratch, first_engines)
                 run = Run(size, trainer, rep)
                 work = scratch / f"{size}-{trainer}-{rep}"
                 work.mkdir(parents=True)
@@ -460,8 +461,10 @@ def main() -> None:
                 status = run.error.splitlines()[0] if run.error else f"{measured(run, 'step', *window):.2f} s/step"
                 print(f"[rep {rep}] {size} {trainer}: {status} ({run.wall_s:.0f} s)", flush=True)
                 runs.append(run)
-                if trainer == "easyr1-1w" and not args.no_bare_vllm:
-                    bare_line(bare, size, rep, "after", models[size], data, scratch, [user, ours])
+                if bracket and trainer == "easyr1-1w":
+                    bare_line(bare, size, rep, "after", models[size], data, scratch, [user_engine, easyr1_engine])
+            if not args.no_bare_vllm and not bracket:  # no easyr1-1w to bracket: one run after the trainers
+                bare_line(bare, size, rep, "after", models[size], data, scratch, first_engines)
     print_table(runs, bare, window)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = RESULTS / f"peer-{stamp}.json"
