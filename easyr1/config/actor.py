@@ -27,6 +27,9 @@ from easyr1.errors import ConfigError
 
 STRATEGIES = ("fsdp",)
 OPTIMIZERS = ("adamw", "adamw_bf16")
+# torch AdamW's kernels: fused (one kernel over all parameters, in place), foreach (one op per step of the update over
+# the list of parameters: the for-loop's result bit for bit), for-loop (ops per parameter; torch's default on CPU)
+ADAMW_IMPLEMENTATIONS = ("fused", "foreach", "for-loop")
 LR_SCHEDULERS = ("constant", "cosine")
 
 # EasyR1's older `loss_avg_mode` values and the `loss_agg_mode` each one means.
@@ -70,6 +73,11 @@ class OptimConfig:
     betas: tuple[float, float] = option((0.9, 0.999), "AdamW betas")
     weight_decay: float = option(1e-2, "AdamW weight decay")
     strategy: str = option("adamw", f"optimizer: {', '.join(OPTIMIZERS)}")
+    implementation: str = option(
+        "fused",
+        f"torch AdamW's kernels for strategy=adamw: {', '.join(ADAMW_IMPLEMENTATIONS)} (fused: one in-place kernel "
+        "over all parameters, the fastest and no temporaries; foreach: bit for bit the for-loop's result)",
+    )
     lr_warmup_ratio: float = option(0.0, "fraction of the training steps spent in linear warmup")
     lr_warmup_steps: int | None = option(None, "warmup steps (overrides lr_warmup_ratio when set)")
     min_lr_ratio: float | None = option(None, "final lr as a fraction of lr for the cosine schedule (null: 0)")
@@ -248,14 +256,16 @@ def resolve_loss_aliases(actor: ActorConfig) -> None:
     actor.loss_type = LOSS_TYPE_ALIASES.get(actor.loss_type, actor.loss_type)
 
 
-def check_model_names(actor: ActorConfig, ref: RefConfig, problems: list[str]) -> None:
-    """Backends, losses and optimizer names of the actor and the reference."""
+def check_model_names(actor: ActorConfig, ref: RefConfig, critic: CriticConfig, problems: list[str]) -> None:
+    """Backends, losses and optimizer names of the actor, the reference and the critic."""
     one_of(problems, "worker.actor.strategy", actor.strategy, STRATEGIES)
     one_of(problems, "worker.ref.strategy", ref.strategy, STRATEGIES)
     one_of(problems, "worker.actor.loss_type", actor.loss_type, POLICY_LOSSES.names())
     one_of(problems, "worker.actor.loss_agg_mode", actor.loss_agg_mode, LOSS_AGGREGATIONS.names())
-    one_of(problems, "worker.actor.optim.strategy", actor.optim.strategy, OPTIMIZERS)
-    one_of(problems, "worker.actor.optim.lr_scheduler_type", actor.optim.lr_scheduler_type, LR_SCHEDULERS)
+    for key, optim in (("worker.actor.optim", actor.optim), ("worker.critic.optim", critic.optim)):
+        one_of(problems, f"{key}.strategy", optim.strategy, OPTIMIZERS)
+        one_of(problems, f"{key}.implementation", optim.implementation, ADAMW_IMPLEMENTATIONS)
+        one_of(problems, f"{key}.lr_scheduler_type", optim.lr_scheduler_type, LR_SCHEDULERS)
 
 
 def check_fsdp_dtypes(sections: list[tuple[str, FSDPConfig]], problems: list[str]) -> None:

@@ -145,7 +145,7 @@ def validation_problems(config: PPOConfig, num_workers: int | None) -> list[str]
     check_data_pairs(config.data, problems)
     check_algorithm_pairs(config.algorithm, problems)
     check_algorithm_names(config.algorithm, problems)
-    check_model_names(worker.actor, worker.ref, problems)
+    check_model_names(worker.actor, worker.ref, worker.critic, problems)
     check_rollout_names(worker.rollout, problems)
     fsdp_sections = [
         ("worker.actor.fsdp", worker.actor.fsdp),

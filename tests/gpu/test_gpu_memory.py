@@ -112,6 +112,7 @@ def test_offload_frees_device_memory_and_restores_the_same_state(cuda_group, tex
 
 def default_gpu_step(model_dir, fsdp: SimpleNamespace, strategy: str = "adamw") -> dict:
     """One lr=1e-6 step under the precision EasyR1's keys resolve to on CUDA; dtypes seen along the way."""
+    from easyr1.config import OptimConfig
     from easyr1.distributed.fsdp import full_tensor
     from easyr1.distributed.precision import resolve_precision
     from easyr1.workers.optim import build_optimizer
@@ -124,7 +125,7 @@ def default_gpu_step(model_dir, fsdp: SimpleNamespace, strategy: str = "adamw") 
         seen["weight"], seen["input"] = module.weight.dtype, args[0].dtype
 
     model.get_submodule(PROBE).register_forward_pre_hook(record)
-    optim = SimpleNamespace(strategy=strategy, lr=1e-6, betas=(0.9, 0.999), weight_decay=0.0)
+    optim = OptimConfig(strategy=strategy, lr=1e-6, weight_decay=0.0)
     optimizer = build_optimizer(model.parameters(), optim)
     probe = dict(model.named_parameters())[f"{PROBE}.weight"]
     before = full_tensor(probe.detach()).clone()
