@@ -10,7 +10,8 @@ prompts and images cached). The engine is built as easyr1 builds it (``external_
 ``--enforce-eager``, the same max_model_len), in one process with the threads easyr1's single worker gets and
 vLLM's log level at ERROR, as easyr1 runs it. Each ``--engine`` is a dtype, optionally with a KV-cache block size
 (``float32:32``); without one the block size is vLLM's own choice (128 on CPU), as a user calling ``vllm.LLM`` gets
-it. Writes a JSON file with the per-call times and generated tokens per engine.
+it. Writes a JSON file with the per-call times and generated tokens per engine. With ``--serve N`` it builds one engine
+and answers calls from standard input instead (see :func:`serve`).
 
     python bench/peer_vllm.py --model DIR --data DIR --engine float32 --engine float32:32 --out FILE
 """
@@ -111,6 +112,27 @@ def time_engine(model_dir: str, engine: str, requests: list[dict], args: argpars
     return {"times": times, "tokens": tokens}
 
 
+def serve(model_dir: str, engine: str, requests: list[dict], args: argparse.Namespace) -> None:
+    """Answer calls from standard input, one at a time: a line ``K`` runs call ``K``'s requests (as
+    :func:`step_requests` picks them) and prints ``RESULT {"call": K, "seconds": ..., "tokens": ...}``; an empty
+    line or end of input ends. Prints ``READY`` once the engine is built. Another program can so time this engine
+    between its own steps (``bench_gen_paired.py``)."""
+    import sys
+
+    llm = build_engine(model_dir, engine, args.prompts * args.n, args.enforce_eager)
+    print("READY", flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            break
+        call = int(line)
+        batch, params = step_requests(requests, call, args.prompts, args.n, args.max_tokens)
+        start = time.perf_counter()
+        outputs = llm.generate(batch, params, use_tqdm=False)
+        seconds = time.perf_counter() - start
+        tokens = sum(len(output.outputs[0].token_ids) for output in outputs)
+        print("RESULT " + json.dumps({"call": call, "seconds": seconds, "tokens": tokens}), flush=True)
+
+
 def main() -> None:
     """Parse arguments, time each dtype, write the JSON result."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -128,7 +150,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--calls", type=int, default=7)
     parser.add_argument("--repeat-prompts", action="store_true", help="the same prompts in every call")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--serve", type=int, default=0, help="answer calls from stdin on the first N prompts")
+    parser.add_argument("--out", default="")
     args = parser.parse_args()
     import torch
     import torch.distributed as dist
@@ -140,6 +163,12 @@ def main() -> None:
     port = os.environ.setdefault("MASTER_PORT", "29541")
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    if args.serve:
+        requests = build_requests(args.model, args.data, args.serve, (args.min_pixels, args.max_pixels))
+        serve(args.model, (args.engine or ["float32"])[0], requests, args)
+        return
+    if not args.out:
+        parser.error("--out is required (unless --serve)")
     calls = args.warmup + args.calls
     rows = args.prompts if args.repeat_prompts else args.prompts * calls
     requests = build_requests(args.model, args.data, rows, (args.min_pixels, args.max_pixels))
