@@ -14,9 +14,9 @@ processed vision tensors (``multi_modal_inputs``) and token tensors through Ray 
 
 The cache lives for one step: the driver clears both sides when a step starts and when it ends, so validation
 (which runs between steps) neither reads nor fills it, and memory does not grow over steps. Byte counts
-(:func:`payload_bytes`) are what pickling moves: a tensor counts its whole storage (a sliced view pickles all of
-it), an object shared by several rows counts once per message (pickle memoises it), a PIL image counts
-width * height * channels.
+(:func:`payload_bytes`) are what pickling moves: a host tensor counts the elements it shows (``tensor_pickling``;
+a tensor torch pickles itself, its whole storage), an object shared by several rows counts once per message (pickle
+memoises it), a PIL image counts width * height * channels.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from easyr1.distributed.tensor_pickling import is_plain_host_tensor, message_bytes
 from easyr1.protocol import Batch
 
 
@@ -55,12 +56,15 @@ def cached_fields(batch: Batch) -> tuple[str, ...]:
 def _count(value: Any, seen: set[int]) -> int:
     """Bytes ``value`` puts into one pickled message (see the module docstring), skipping objects in ``seen``."""
     if isinstance(value, torch.Tensor):
-        storage = value.untyped_storage()
-        key = storage.data_ptr() or id(storage)
+        if is_plain_host_tensor(value):  # its own elements (tensor_pickling), once per object (pickle's memo)
+            key = id(value)
+        else:  # torch's pickling: its whole storage, once per storage
+            storage = value.untyped_storage()
+            key = storage.data_ptr() or id(storage)
         if key in seen:
             return 0
         seen.add(key)
-        return storage.nbytes()
+        return message_bytes(value)
     if value is None:
         return 0
     if isinstance(value, (bool, int, float)):
@@ -88,8 +92,8 @@ def _count(value: Any, seen: set[int]) -> int:
 
 
 def payload_bytes(*values: Any) -> int:
-    """Estimated bytes of one message holding ``values`` (tensors by storage, shared objects once, images by
-    pixels); metric dicts and other small python values count 8 bytes per number."""
+    """Estimated bytes of one message holding ``values`` (host tensors by their elements, others by storage,
+    shared objects once, images by pixels); metric dicts and other small python values count 8 bytes per number."""
     seen: set[int] = set()
     return sum(_count(value, seen) for value in values)
 
@@ -133,7 +137,7 @@ class SampleRouter:
         deliveries = []
         for rank in range(num_ranks):
             rows = list(range(rank * size, (rank + 1) * size))
-            # a list index copies the rows: a sliced view would pickle the whole batch's storage for every rank
+            # a list index copies the rows (a sliced view of a tensor torch pickles itself carries its whole storage)
             chunk = batch.select(*light).index(rows)
             sent = {}
             for name in fields:

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from easyr1.distributed.sample_cache import SampleCache, SampleDelivery, unchanged_objects, without
+from easyr1.distributed.tensor_pickling import install as install_tensor_pickling
 
 
 def device_type(preference: str = "auto") -> str:
@@ -58,9 +59,11 @@ class Worker:
     def init_distributed(
         self, rank: int, world_size: int, master_addr: str, master_port: int, num_threads: int, backend: str | None
     ) -> None:
-        """Set the rank environment, the thread count, and join the process group."""
+        """Set the rank environment, the thread count, and join the process group; tensors this worker sends
+        through Ray from now on are pickled compactly (``tensor_pickling``)."""
         # "Triton not available", once per worker on CPU: nothing here uses Triton
         logging.getLogger("torch._library.triton").setLevel(logging.ERROR)
+        install_tensor_pickling()
         self.rank, self.world_size = rank, world_size
         os.environ.update(
             RANK=str(rank),

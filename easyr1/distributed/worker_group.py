@@ -31,6 +31,7 @@ from easyr1.distributed.placement import (
     rendezvous_address,
 )
 from easyr1.distributed.sample_cache import SAMPLE_ID, SampleRouter, payload_bytes
+from easyr1.distributed.tensor_pickling import install as install_tensor_pickling
 from easyr1.distributed.worker import Worker
 from easyr1.errors import UserError
 from easyr1.protocol import Batch
@@ -75,6 +76,7 @@ class WorkerGroup:
     ) -> None:
         if nnodes < 1 or num_workers % nnodes:
             raise ValueError(f"{num_workers} workers cannot be split evenly over {nnodes} nodes")
+        install_tensor_pickling()  # what this driver sends; each worker installs it for its replies
         self.num_workers = num_workers
         self.nnodes = nnodes
         # the per-step record of which rank holds which sample's heavy fields; None: every call sends everything
@@ -200,7 +202,7 @@ class WorkerGroup:
         return results
 
     def _split_plain(self, method: str, batch: Batch, args: tuple, kwargs: dict) -> tuple[list[Any], Transfer]:
-        """Every rank gets its whole chunk (a slice: it pickles the storage of the whole batch's tensors)."""
+        """Every rank gets its whole chunk (a slice; only its own rows travel, see ``tensor_pickling``)."""
         chunks = batch.chunk(self.num_workers)
         results = ray.get(
             [getattr(worker, method).remote(chunk, *args, **kwargs) for worker, chunk in zip(self.workers, chunks)]
