@@ -4,6 +4,7 @@ itself (tensors that require grad, subclasses) is left to torch."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import ray
 import ray.cloudpickle
@@ -12,6 +13,7 @@ from helpers import start_ray
 
 from easyr1.distributed import Worker, WorkerGroup
 from easyr1.distributed.sample_cache import payload_bytes
+from easyr1.distributed.tensor_pickling import rebuild
 
 
 class Echo(Worker):
@@ -90,6 +92,17 @@ def test_received_tensors_are_writable_and_own_their_storage(group):
     assert torch.equal(doubled_base, base * 2)
     assert torch.equal(doubled_view, view * 2)
     assert torch.equal(base, torch.arange(8, dtype=torch.float32))  # the driver's own tensors are untouched
+
+
+def test_rebuild_copies_out_of_a_read_only_buffer():
+    # what Ray hands over: a read-only view of the received message (or of the object store)
+    data = np.frombuffer(torch.tensor([1.5, -2.0, 3.0]).numpy().tobytes(), dtype=np.uint8)
+    assert not data.flags.writeable
+    tensor = rebuild(data, torch.float32, (3,))
+    assert tensor.data_ptr() != data.ctypes.data
+    tensor.mul_(2)
+    assert torch.equal(tensor, torch.tensor([3.0, -4.0, 6.0]))
+    assert np.frombuffer(data.tobytes(), dtype=np.float32).tolist() == [1.5, -2.0, 3.0]
 
 
 def test_a_slice_sends_its_rows_not_the_whole_storage(group):

@@ -9,9 +9,10 @@ the dtype and the shape. Everything else keeps torch's own reduction: tensors th
 are sparse or quantized, carry a conjugate or negative bit or dimension names, and every subclass
 (``nn.Parameter``, ``DTensor``).
 
-What changes for the receiver: each tensor arrives with storage of its own (two views of one storage in a message
-arrive as two copies; the same tensor object twice still arrives as one object, pickle memoises it) and is always
-writable. The sending process needs this installed; the receiving one rebuilds with :func:`rebuild`, found by import.
+The receiver sees what it saw before: each tensor with storage of its own (two views of one storage arrive as two
+tensors, as with torch's pickling; the same tensor object twice arrives as one object, pickle memoises it), writable
+(:func:`rebuild` copies out of Ray's read-only buffer). The sending process needs this installed; the receiving one
+rebuilds with :func:`rebuild`, found by import.
 """
 
 from __future__ import annotations
