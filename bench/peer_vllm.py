@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -117,8 +118,6 @@ def serve(model_dir: str, engine: str, requests: list[dict], args: argparse.Name
     :func:`step_requests` picks them) and prints ``RESULT {"call": K, "seconds": ..., "tokens": ...}``; an empty
     line or end of input ends. Prints ``READY`` once the engine is built. Another program can so time this engine
     between its own steps (``bench_gen_paired.py``)."""
-    import sys
-
     llm = build_engine(model_dir, engine, args.prompts * args.n, args.enforce_eager)
     print("READY", flush=True)
     for line in sys.stdin:
