@@ -88,7 +88,7 @@ def build_trainer(model: Path, data: Path, work: Path):
     from easyr1.config import load_config
     from easyr1.main import init_ray
     from easyr1.seeding import seed_everything
-    from easyr1.trainer import Trainer
+    from easyr1.build import build_trainer as build
 
     settings = {
         **EASYR1_SETTINGS,
@@ -102,7 +102,7 @@ def build_trainer(model: Path, data: Path, work: Path):
     config = load_config(["config=examples/config_cpu.yaml"] + [f"{key}={value}" for key, value in settings.items()])
     seed_everything(config.trainer.seed)
     init_ray(1)
-    return Trainer(config)
+    return build(config)
 
 
 def descendants_besides(pid: int) -> list:

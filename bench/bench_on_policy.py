@@ -24,12 +24,12 @@ import torch.distributed as dist
 from easyr1.config import load_config
 from easyr1.data import RLDataset, collate_fn
 from easyr1.distributed.fsdp import data_parallel_mesh, shard_model
+from easyr1.engines.base import pack_responses
 from easyr1.models.loading import load_model, load_model_config, load_tokenizer_and_processor
 from easyr1.protocol import Batch
 from easyr1.tools.tiny_dataset import build_shape_dataset
 from easyr1.tools.tiny_model import build_tiny_model
 from easyr1.workers.actor import Actor
-from easyr1.workers.rollout.base import pack_responses
 
 
 REPO = Path(__file__).resolve().parents[1]

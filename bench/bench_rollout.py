@@ -19,12 +19,12 @@ import torch
 import torch.distributed as dist
 
 from easyr1.data import RLDataset, collate_fn
+from easyr1.engines.base import SamplingSettings
+from easyr1.engines.hf_engine import HFEngine
+from easyr1.engines.vllm_engine import VLLMEngine
 from easyr1.models.loading import load_model_config, load_tokenizer_and_processor
 from easyr1.tools.tiny_dataset import build_shape_dataset
 from easyr1.tools.tiny_model import build_tiny_model
-from easyr1.workers.rollout.base import SamplingSettings
-from easyr1.workers.rollout.hf_rollout import HFRollout
-from easyr1.workers.rollout.vllm_rollout import VLLMRollout
 
 
 def tokens_per_second(engine, prompts, settings: SamplingSettings, repeats: int) -> float:
@@ -67,7 +67,7 @@ def main() -> None:
 
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29533", rank=0, world_size=1)
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29533")
-    vllm_engine = VLLMRollout(
+    vllm_engine = VLLMEngine(
         str(model_dir),
         str(model_dir),
         dtype=torch.float32,
@@ -77,7 +77,7 @@ def main() -> None:
         pad_token_id=tokenizer.pad_token_id,
         banned_token_ids=banned,
     )
-    hf_engine = HFRollout(
+    hf_engine = HFEngine(
         str(model_dir),
         dtype=torch.float32,
         pad_token_id=tokenizer.pad_token_id,

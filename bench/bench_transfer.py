@@ -28,9 +28,8 @@ from PIL import Image
 
 from easyr1.distributed import Worker, WorkerGroup
 from easyr1.distributed.balance import balanced_order
-from easyr1.protocol import Batch
-from easyr1.workers.actor import ACTOR_FIELDS
-from easyr1.workers.rollout.base import pack_responses
+from easyr1.engines.base import pack_responses
+from easyr1.protocol import ACTOR_FIELDS, Batch
 
 
 PATCH_FLOATS = 3 * 2 * 14 * 14  # channels x temporal patch x 14 x 14, Qwen2.5-VL's processed patch
@@ -94,18 +93,18 @@ def one_step(group: WorkerGroup, prompts: Batch, n: int, response: int, step: in
     batch["sample_seed"] = torch.arange(len(batch)) + step * len(batch)
     batch["sample_id"] = torch.arange(len(batch)) + step * len(batch)
     if group.router is None:  # as before the cache: the vision tensors go to generation too
-        batch = group.run_split("generate", batch, {"max_tokens": response})
+        batch = group.run_split(TransferProbe.generate, batch, {"max_tokens": response})
     else:  # as the trainer does with a vLLM engine, which reads the images instead
         vision = batch.pop("multi_modal_inputs")["multi_modal_inputs"]
-        batch = group.run_split("generate", batch, {"max_tokens": response})
+        batch = group.run_split(TransferProbe.generate, batch, {"max_tokens": response})
         batch["multi_modal_inputs"] = vision
     batch = batch.index(balanced_order(batch["attention_mask"].sum(dim=-1).tolist(), group.num_workers))
     view = batch.select(*ACTOR_FIELDS)
-    batch = batch.union(group.run_split("compute_old_log_probs", view, 1.0))
-    batch = batch.union(group.run_split("compute_ref_log_probs", view, 1.0))
+    batch = batch.union(group.run_split(TransferProbe.compute_old_log_probs, view, 1.0))
+    batch = batch.union(group.run_split(TransferProbe.compute_ref_log_probs, view, 1.0))
     batch["advantages"] = torch.randn(batch["response_mask"].shape) * batch["response_mask"]
     update = batch.select(*ACTOR_FIELDS, "old_log_probs", "ref_log_probs", "advantages")
-    group.run_split("update_actor", update, 1.0, len(batch) // group.num_workers)
+    group.run_split(TransferProbe.update_actor, update, 1.0, len(batch) // group.num_workers)
     calls = {t.method: {"to": t.bytes_to_workers, "from": t.bytes_from_workers} for t in group.transfers}
     totals = group.finish_step()
     calls["step"] = {"to": int(totals["perf/bytes_to_workers"]), "from": int(totals["perf/bytes_from_workers"])}

@@ -45,13 +45,13 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from easyr1.data import RLDataset, collate_fn
+from easyr1.engines.base import pack_responses
 from easyr1.models.loading import load_model, load_model_config, load_tokenizer_and_processor
 from easyr1.protocol import Batch
 from easyr1.tools.tiny_dataset import build_shape_dataset
 from easyr1.tools.tiny_model import build_tiny_model
 from easyr1.workers import block_attention
 from easyr1.workers.actor import computed_tokens, micro_batches, response_log_probs
-from easyr1.workers.rollout.base import pack_responses
 
 
 SIZES = {  # name -> language-model shape (the vision tower's output follows hidden_size)

@@ -38,7 +38,7 @@ def run_one(model: str, repeats: int) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     from vllm import LLM, SamplingParams
 
-    from easyr1.workers.rollout import cpu_weight_sync
+    from easyr1.engines import vllm_cpu_weight_sync
 
     llm = LLM(
         model=model,
@@ -50,7 +50,7 @@ def run_one(model: str, repeats: int) -> None:
         kv_cache_memory_bytes=64 * 2**20,
         disable_log_stats=True,
     )
-    assert llm.collective_rpc(cpu_weight_sync.prepare)[0] is None
+    assert llm.collective_rpc(vllm_cpu_weight_sync.prepare)[0] is None
     weights: dict[str, torch.Tensor] = {}
     for path in glob.glob(f"{model}/*.safetensors"):
         weights.update(load_file(path))
@@ -59,7 +59,7 @@ def run_one(model: str, repeats: int) -> None:
         llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named.items())})
 
     def fast(named: dict[str, torch.Tensor]) -> None:
-        llm.collective_rpc(cpu_weight_sync.load, args=(iter(named.items()),))
+        llm.collective_rpc(vllm_cpu_weight_sync.load, args=(iter(named.items()),))
 
     def greedy() -> tuple[list[int], list[float]]:
         llm.reset_prefix_cache()

@@ -426,7 +426,7 @@ def main() -> None:
     window = (2, min(8, args.steps))
 
     models, data = ensure_assets(sizes)
-    from easyr1.workers.rollout.vllm_rollout import CPU_BLOCK_SIZE as block  # easyr1's engine on CPU
+    from easyr1.engines.vllm_engine import CPU_BLOCK_SIZE as block  # easyr1's engine on CPU
 
     if any(t.startswith("trl") for t in trainers):
         for size in sizes:

@@ -56,8 +56,8 @@ def build_engine(model_dir: str, engine: str, rows: int, enforce_eager: bool = F
     once), for ``engine``: a dtype, optionally with a KV-cache block size (``float32:32``)."""
     from vllm import LLM
 
+    from easyr1.engines.vllm_engine import cpu_kv_cache_bytes
     from easyr1.models.loading import load_model_config
-    from easyr1.workers.rollout.vllm_rollout import cpu_kv_cache_bytes
 
     text_config = load_model_config(model_dir).text_config
     dtype, _, block_size = engine.partition(":")

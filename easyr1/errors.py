@@ -19,3 +19,22 @@ class RewardError(UserError):
 
 class EnvError(UserError):
     """An environment that cannot be loaded or that misbehaves (the message names the episode's seed and turn)."""
+
+
+class WorkerLost(RuntimeError):
+    """A worker process died (killed, out of memory, a crash in native code): the run cannot go on.
+
+    Not a :class:`UserError` (nothing in the config caused it), but printed as one easyr1 message, with the last
+    intact checkpoint and the command that resumes from it (``easyr1.main``), never as a Ray traceback.
+    """
+
+    def __init__(self, rank: int, node: str, phase: str, cause: str) -> None:
+        self.rank, self.node, self.phase, self.cause = rank, node, phase, cause
+        self.step: int | None = None  # the training step it happened in, when the trainer knows it
+        self.checkpoints: str | None = None  # the run's checkpoint directory, when the caller knows it
+        super().__init__(self.describe())
+
+    def describe(self) -> str:
+        """Which rank died, on which node, in which call (and step)."""
+        during = f"{self.phase}" + (f" of step {self.step}" if self.step is not None else "")
+        return f"worker rank {self.rank} on node {self.node} died during {during} ({self.cause})"

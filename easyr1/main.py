@@ -1,16 +1,22 @@
-"""Command line entry point: ``python -m easyr1.main config=FILE.yaml key=value ...``.
+"""Command line entry point: ``python -m easyr1.main config=FILE.yaml key=value ...`` (``--help`` lists every key).
 
-Loads the typed config (defaults < YAML < dot-list overrides), checks it and the data and reward
-files before any model is loaded, starts Ray, and trains. User errors are printed as one clear
-message with exit code 2, without a traceback.
+Loads the typed config (defaults < YAML < dot-list overrides), checks it against the model and the memory plan,
+starts Ray (not with ``trainer.single_process``), builds the run's parts (:func:`easyr1.build.build_trainer`: the data
+and reward files are checked there, before any model loads) and trains. User errors are printed as one clear message
+with exit code 2, without a traceback; a worker that dies stops the run with exit code 1 and says which checkpoint to
+resume from, and how.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import sys
+import warnings
+from pathlib import Path
+from typing import Any
 
-from easyr1.errors import UserError
+from easyr1.errors import UserError, WorkerLost
 
 
 # the tasks whose events GCS keeps (Ray's default: 100,000); they serve Ray's state API and dashboard, which the
@@ -18,21 +24,35 @@ from easyr1.errors import UserError
 TASK_EVENTS_KEPT = 1000
 
 
-def local_cluster_settings() -> dict[str, object]:
+def local_cluster_settings(timeline: bool = False) -> dict[str, object]:
     """Ray system settings for a cluster this process starts itself (a cluster started with ``ray start`` keeps
-    its own)."""
+    its own); ``timeline``: the run writes Ray's timeline (``trainer.ray_timeline``), so every task's events are
+    kept."""
     # Ray would start one worker process per logical CPU, ready for tasks; this trainer's work runs in actors,
     # each started on demand, so those sit idle (~80 MB resident each)
     settings: dict[str, object] = {"prestart_worker_first_driver": False}
     # GCS keeps every task's events, ~3.4 KB each, and a step makes a few tasks per worker: at Ray's default a run's
     # GCS grew by ~17 KB a step for its first 20,000 steps or so (1 worker). An exported
     # RAY_task_events_max_num_task_in_gcs (a dashboard started by hand, say) keeps more.
-    if "RAY_task_events_max_num_task_in_gcs" not in os.environ:
+    if "RAY_task_events_max_num_task_in_gcs" not in os.environ and not timeline:
         settings["task_events_max_num_task_in_gcs"] = TASK_EVENTS_KEPT
     return settings
 
 
-def init_ray(num_workers: int, nnodes: int = 1) -> None:
+def worker_environment() -> dict[str, str]:
+    """The environment the workers run in: quiet libraries (an exported value wins)."""
+    return {
+        "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
+        "TRANSFORMERS_VERBOSITY": os.environ.get("TRANSFORMERS_VERBOSITY", "error"),
+        "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "ignore"),
+        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0"),
+        # torch's C++ warnings (the CPU NUMA-binding notice, once per worker)
+        "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),
+    }
+
+
+def init_ray(num_workers: int, nnodes: int = 1, timeline: bool = False) -> None:
     """Start (or join, when ``RAY_ADDRESS`` is set) a Ray cluster with quiet, CPU-friendly settings.
 
     Several nodes need a cluster started beforehand (``ray start``, docs/multinode.md): without ``RAY_ADDRESS``
@@ -51,16 +71,7 @@ def init_ray(num_workers: int, nnodes: int = 1) -> None:
             "(docs/multinode.md); or set trainer.nnodes=1"
         )
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 would otherwise create and demand a token
-    env_vars = {
-        "TOKENIZERS_PARALLELISM": "false",
-        "RAY_AUTH_MODE": "disabled",
-        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
-        "TRANSFORMERS_VERBOSITY": os.environ.get("TRANSFORMERS_VERBOSITY", "error"),
-        "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "ignore"),
-        "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "0"),
-        # torch's C++ warnings (the CPU NUMA-binding notice, once per worker)
-        "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),
-    }
+    env_vars = {"RAY_AUTH_MODE": "disabled", **worker_environment()}
     if os.environ.get("RAY_ADDRESS"):
         # the cluster's nodes bring their own resources; only the workers' environment is passed along
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars}, logging_level="WARNING")
@@ -75,22 +86,22 @@ def init_ray(num_workers: int, nnodes: int = 1) -> None:
         include_dashboard=False,
         runtime_env={"env_vars": env_vars},
         logging_level="WARNING",
-        _system_config=local_cluster_settings(),
+        _system_config=local_cluster_settings(timeline),
     )
 
 
-def read_model_config(model_path: str) -> dict:
-    """The model's ``config.json`` as a dict (no weights are read)."""
-    from transformers import AutoConfig
-
+def read_model_config(model: Any) -> dict:
+    """The model's ``config.json`` as a dict, read as the workers will read it (``trust_remote_code``); no weights."""
     from easyr1.errors import ConfigError
+    from easyr1.models.loading import load_model_config
 
     try:
-        return AutoConfig.from_pretrained(model_path).to_dict()
-    except OSError as error:
+        return load_model_config(model.model_path, model.trust_remote_code).to_dict()
+    except (OSError, ValueError) as error:
         raise ConfigError(
-            f"worker.actor.model.model_path={model_path!r}: cannot read the model's config.json ({error}); "
-            "point it at a local model directory or a hub model id"
+            f"worker.actor.model.model_path={model.model_path!r}: cannot read the model's config.json ({error}); "
+            "point it at a local model directory or a hub model id (examples/config_cpu.yaml's tiny model and data "
+            "are built by `python -m easyr1.tools.demo_assets`)"
         ) from None
 
 
@@ -99,40 +110,92 @@ def run(argv: list[str]) -> list[dict[str, float]]:
     from easyr1.config import check_against_model, compatibility_only_settings, load_config
     from easyr1.plan.check import check_plan_fits
     from easyr1.seeding import seed_everything
-    from easyr1.tools.demo_assets import prepare_demo_assets
 
     config = load_config(argv)
+    if config.trainer.single_process:  # the worker is this process: the environment a Ray worker gets, before the
+        os.environ.update(worker_environment())  # libraries that read it (transformers, vLLM) are imported
+        if os.environ["PYTHONWARNINGS"] == "ignore":
+            warnings.simplefilter("ignore")  # as PYTHONWARNINGS does for a Ray worker (read at interpreter start)
     seed_everything(config.trainer.seed)  # the driver's generators; each worker seeds its own
     ignored = compatibility_only_settings(config)
     if ignored:
         notice = f"easyr1: notice: accepted for EasyR1 compatibility, no effect here: {', '.join(ignored)}"
         print(notice, file=sys.stderr)
-    prepare_demo_assets(config)
-    check_against_model(config, read_model_config(config.worker.actor.model.model_path))
+    from easyr1.build import build_trainer, report_locations
+
+    for line in report_locations(config):
+        print(f"easyr1: {line}", flush=True)
+    check_against_model(config, read_model_config(config.worker.actor.model))
     # memory and step-time plan from config.json alone: a run that cannot fit stops here, before Ray or any model
     print(check_plan_fits(config), flush=True)
-    init_ray(config.trainer.nnodes * config.trainer.n_gpus_per_node, config.trainer.nnodes)
-    from easyr1.trainer import Trainer
-
-    trainer = Trainer(config)
+    if not config.trainer.single_process:
+        init_ray(config.world_size, config.trainer.nnodes, timeline=bool(config.trainer.ray_timeline))
     try:
-        return trainer.fit()
-    finally:
-        trainer.shutdown()
+        trainer = build_trainer(config)
+        try:
+            return trainer.fit()
+        finally:
+            trainer.shutdown()
+            if config.trainer.ray_timeline and not config.trainer.single_process:
+                write_ray_timeline(config.trainer.ray_timeline)
+    except WorkerLost as lost:
+        lost.checkpoints = config.trainer.save_checkpoint_path
+        raise
+
+
+def write_ray_timeline(path: str) -> None:
+    """Ray's timeline of this run's tasks (``trainer.ray_timeline``: open it in chrome://tracing or Perfetto)."""
+    import ray
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    ray.timeline(filename=path)
+    print(f"easyr1: Ray timeline: {path}", flush=True)
+
+
+def resume_advice(lost: WorkerLost, argv: list[str]) -> str:
+    """The last intact checkpoint of the run a lost worker stopped, and the command that continues from it."""
+    from easyr1.checkpoint.manager import CheckpointDirectory
+
+    checkpoints = CheckpointDirectory(lost.checkpoints) if lost.checkpoints else None
+    steps = checkpoints.complete_steps() if checkpoints else []
+    command = shlex.join([Path(sys.executable).name, "-m", "easyr1.main", *argv])
+    if not steps:
+        return f"no checkpoint was written before it; start the run again with:\n  {command}"
+    last = checkpoints.step_dir(steps[-1])
+    return (
+        f"the last intact checkpoint is {last} (step {steps[-1]}); continue from it with:\n"
+        f"  {command} {shlex.quote(f'trainer.load_checkpoint_path={last}')}"
+    )
+
+
+USAGE = """usage: python -m easyr1.main config=FILE.yaml [key=value ...]
+
+Trains with the config FILE.yaml (EasyR1's format), each key=value overriding it (dataclass defaults < YAML < the
+command line). Every key, with its type, default and help:
+"""
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI wrapper around :func:`run` that turns user errors into one message and exit code 2."""
-    import ray
+    """CLI wrapper around :func:`run`: ``--help``; user errors as one message and exit code 2; a lost worker as one
+    message with the checkpoint to resume from and exit code 1."""
+    argv = sys.argv[1:] if argv is None else argv
+    if "--help" in argv or "-h" in argv:
+        from easyr1.config import describe
 
+        print(USAGE + describe())
+        return 0
     try:
-        run(sys.argv[1:] if argv is None else argv)
+        run(argv)
     except UserError as error:
         print(f"easyr1: error: {error}", file=sys.stderr)
         return 2
-    except ray.exceptions.RayTaskError as error:
-        if isinstance(error.cause, UserError):
-            print(f"easyr1: error: {error.cause}", file=sys.stderr)
+    except WorkerLost as lost:
+        print(f"easyr1: error: {lost}\neasyr1: {resume_advice(lost, argv)}", file=sys.stderr)
+        return 1
+    except Exception as error:
+        cause = getattr(error, "cause", None)  # a Ray task's error (ray.exceptions.RayTaskError) carries the user's
+        if isinstance(cause, UserError):
+            print(f"easyr1: error: {cause}", file=sys.stderr)
             return 2
         raise
     return 0

@@ -8,12 +8,35 @@ the dispatch layer needs.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
+
+
+# What the actor's (and critic's) forward reads from a batch; the rest (images for vLLM, strings) stays on the driver.
+# `sample_id` keys the rows in the workers' per-step cache (distributed/sample_cache.py).
+ACTOR_FIELDS = (
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "responses",
+    "response_mask",
+    "multi_modal_inputs",
+    "sample_id",
+)
+
+
+def merge_vision_inputs(rows: Any) -> dict[str, torch.Tensor]:
+    """Concatenate the per-sample processor outputs (``pixel_values``, ``image_grid_thw``, ...) of a micro-batch."""
+    merged: dict[str, list[torch.Tensor]] = defaultdict(list)
+    for row in rows:
+        for key, value in (row or {}).items():
+            merged[key].append(value)
+    return {key: torch.cat(values, dim=0) for key, values in merged.items()}
 
 
 def _object_array(values: Sequence[Any]) -> np.ndarray:

@@ -1,26 +1,26 @@
 """The RL loop, readable top to bottom: ``fit`` -> ``train_step`` -> the step's helpers.
 
-One step: the rollout stage (:mod:`easyr1.stages.rollout`) samples ``n`` responses per prompt on the workers and
-has them scored by the reward function (in a Ray actor, overlapping the next calls); the workers recompute the old
-log-probs (and the reference's, and the critic's values); the driver folds the KL into the reward where asked and
-computes the advantages; the workers update the critic and the policy; the driver logs the metrics. When the batch
-feeds exactly one optimizer step the update's own forward gives the old log-probs (no separate pass;
+The :class:`Trainer` is given its parts (:func:`easyr1.build.build_trainer` makes them from the config) and only
+orders them. One step: the rollout stage (:mod:`easyr1.stages`) samples ``n`` responses per prompt on the workers and
+has them scored by the reward function (user code, in the scorer, overlapping the next calls); the workers recompute
+the old log-probs (and the reference's, and the critic's values); the driver folds the KL into the reward where asked
+and computes the advantages; the workers update the critic and the policy; the driver logs the metrics. When the
+batch feeds exactly one optimizer step the update's own forward gives the old log-probs (no separate pass;
 :mod:`easyr1.on_policy`).
+
+The workers are a :class:`~easyr1.distributed.worker_group.WorkerGroup` of Ray actors, or with
+``trainer.single_process`` a :class:`~easyr1.distributed.local_group.LocalWorkerGroup`: one worker in this process,
+where a debugger can step from ``train_step`` into :class:`~easyr1.workers.hybrid_worker.HybridWorker`.
 """
 
 from __future__ import annotations
 
-import copy
-import os
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import ray
 import torch
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from tqdm import tqdm
 
 from easyr1.algorithms import (
@@ -36,175 +36,70 @@ from easyr1.algorithms import (
 )
 from easyr1.checkpoint.manager import TRAINER_STATE_NAME, CheckpointDirectory
 from easyr1.checkpoint.sharded import rng_state, save_durably, set_rng_state
-from easyr1.config import PPOConfig, to_dict, to_yaml
-from easyr1.data import RLDataset, collate_fn
-from easyr1.data.sampler import PromptStream
-from easyr1.distributed import WorkerGroup
+from easyr1.config import PPOConfig, to_yaml
 from easyr1.distributed.balance import balanced_order
-from easyr1.distributed.placement import resolve_device
-from easyr1.distributed.worker import pick_backend
-from easyr1.envs import check_environment
-from easyr1.errors import UserError
-from easyr1.logging import build_trackers
+from easyr1.errors import WorkerLost
 from easyr1.logging.perf import memory_metrics
 from easyr1.logging.rollouts import write_rollouts
 from easyr1.logging.timing import timed
-from easyr1.models.loading import load_model_config, load_tokenizer_and_processor
+from easyr1.logging.trackers import Tracker
 from easyr1.on_policy import reuses_update_log_probs
-from easyr1.protocol import Batch
-from easyr1.stages.multi_turn import EpisodeSeeds, MultiTurnRollout
-from easyr1.stages.rollout import SAMPLING_KEYS, SingleTurnRollout
-from easyr1.workers.actor import ACTOR_FIELDS
+from easyr1.protocol import ACTOR_FIELDS, Batch
+from easyr1.reward import Rewards, RewardScorer
+from easyr1.stages import RolloutStage
 from easyr1.workers.hybrid_worker import HybridWorker
-from easyr1.workers.reward import Rewards, load_reward_function
-from easyr1.workers.reward_actor import RewardActor
-from easyr1.workers.rollout.vllm_rollout import cpu_block_size
-
-
-# Validation samples get their own seed stream, apart from training's generation rounds.
-VALIDATION_ROUND = 1_000_000
 
 
 class Trainer:
-    """Single-controller RL trainer: the driver owns data, rewards and advantages; workers own the models."""
+    """Single-controller RL trainer: the driver owns data, rewards and advantages; workers own the models.
 
-    def __init__(self, config: PPOConfig) -> None:
+    Args:
+        config: the run's settled config (:meth:`~easyr1.config.PPOConfig.settle`): what every worker runs.
+        workers: the worker group (``run_all`` / ``run_split`` / ``open_step`` / ``finish_step`` / ``shutdown``) of
+            :class:`~easyr1.workers.hybrid_worker.HybridWorker` ranks whose models are loaded.
+        stage: the rollout stage: a step's prompts -> scored samples; validation.
+        prompts: the step's prompts (``next()``), with a position saved in checkpoints (``state_dict``): a
+            :class:`~easyr1.data.sampler.PromptStream`, or an agent run's
+            :class:`~easyr1.stages.multi_turn.EpisodeSeeds`.
+        checkpoints: the run's checkpoint directory.
+        trackers: where each step's metrics go.
+        tokenizer: decodes what is logged.
+        total_steps: the step the run ends after.
+        scorer: the reward scorer the stage sends to (closed with the run); ``None`` when the stage scores itself.
+    """
+
+    def __init__(
+        self,
+        config: PPOConfig,
+        *,
+        workers: Any,
+        stage: RolloutStage,
+        prompts: Any,
+        checkpoints: CheckpointDirectory,
+        trackers: list[Tracker],
+        tokenizer: Any,
+        total_steps: int,
+        scorer: RewardScorer | None = None,
+    ) -> None:
         self.config = config
-        model = config.worker.actor.model
-        self.tokenizer, self.processor = load_tokenizer_and_processor(model.tokenizer_path, model.trust_remote_code)
-        # Everything that can fail on bad input happens before the workers load any model.
-        if not config.env.enabled:  # an agent's rewards come from its environment
-            load_reward_function(
-                config.worker.reward.reward_function,
-                config.worker.reward.reward_function_kwargs,
-                config.worker.reward.reward_type,
-            )
-        model_config = load_model_config(model.model_path, model.trust_remote_code, model.override_config)
+        self.workers = workers
+        self.stage = stage
+        self.prompts = prompts
+        self.checkpoints = checkpoints
+        self.trackers = trackers
+        self.tokenizer = tokenizer
+        self.total_steps = total_steps
+        self.scorer = scorer
+        self.global_step = 0
+        self.log_dir = Path(config.trainer.log_dir)
         # Prompts are drawn in generation rounds of mini_rollout_batch_size (DAPO refills a step round by round).
         self.round_size = config.data.mini_rollout_batch_size or config.data.rollout_batch_size
-        self.val_dataset = None
-        if config.env.enabled:  # an agent run: environment seeds instead of prompts, rewards from the environment
-            check_environment(config.env.name, config.env.env_class, dict(config.env.env_kwargs))
-            self.prompts = EpisodeSeeds(config.env.seed, config.env.num_seeds, self.round_size)
-            steps_per_epoch = self.prompts.steps_per_epoch
-            if steps_per_epoch is None and not config.trainer.max_steps:
-                raise UserError(
-                    "an agent run without env.num_seeds plays new seeds forever; set trainer.max_steps (or "
-                    "env.num_seeds to make an epoch)"
-                )
-        else:
-            steps_per_epoch = self._load_datasets(model_config)
-        self.total_steps = config.trainer.max_steps or steps_per_epoch * config.trainer.total_epochs
-        config.worker.actor.optim.training_steps = self.total_steps
-        # Which checkpoint to continue from is settled (and its state read) before any model loads.
-        self.checkpoints = CheckpointDirectory(config.trainer.save_checkpoint_path, config.trainer.save_limit)
-        self.resume_from = self.checkpoints.resume_path(
-            config.trainer.load_checkpoint_path, config.trainer.find_last_checkpoint
-        )
-        resumed_state = {}
-        if self.resume_from:
-            resumed_state = torch.load(self.resume_from / TRAINER_STATE_NAME, weights_only=False)
-        for leftover in self.checkpoints.remove_leftovers():
-            print(f"easyr1: removed {leftover}, a checkpoint write that was interrupted", flush=True)
-        self.global_step = int(resumed_state.get("global_step", 0))
-        self.log_dir = Path(config.trainer.log_dir)
-        self.trackers = build_trackers(
-            list(config.trainer.logger),
-            self.log_dir,
-            resume_step=self.global_step if self.resume_from else None,
-            project=config.trainer.project_name,
-            experiment=config.trainer.experiment_name,
-            config=to_dict(config),
-        )
-
-        self.reward_actor = (
-            None
-            if config.env.enabled
-            else RewardActor.options(
-                num_cpus=config.worker.reward.num_cpus,
-                # the driver's node, where the reward file was found; another node may not have it (soft: if this
-                # node has no CPU free, any node will do)
-                scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True),
-            ).remote(
-                config.worker.reward.reward_function,
-                config.worker.reward.reward_function_kwargs,
-                config.worker.reward.reward_type,
-            )
-        )
-        num_workers = config.trainer.nnodes * config.trainer.n_gpus_per_node
-        # the cluster's resources decide `auto`, not the driver's: the driver may sit on a GPU-less head node
-        device = resolve_device(config.trainer.device, ray.cluster_resources())
-        worker_config = copy.deepcopy(config)
-        worker_config.trainer.device = device  # every worker uses the device decided here, and checks it has it
-        if device == "cpu" and config.worker.rollout.name == "vllm":
-            cpu_block_size(config.worker.rollout.block_size)  # refused here, not after the workers load models
-        if config.env.enabled and config.env.context == "full" and config.worker.actor.share_prompt:
-            # a trajectory's images sit in its response region too, which a prompt shared by a group cannot carry
-            print(
-                "easyr1: worker.actor.share_prompt is off for agent runs with env.context=full (observations hold "
-                "images)",
-                flush=True,
-            )
-            worker_config.worker.actor.share_prompt = False
-            worker_config.fill_derived()
-        # on CPU a node's workers share its cores; more threads than cores only adds contention
-        cpu_threads = max(1, (os.cpu_count() or 1) // config.trainer.n_gpus_per_node)
-        self.workers = WorkerGroup(
-            HybridWorker,
-            num_workers,
-            nnodes=config.trainer.nnodes,
-            init_args=(worker_config,),
-            gpus_per_worker=1 if device == "cuda" else 0,
-            threads_per_worker=cpu_threads if device == "cpu" else 8,
-            backend=pick_backend(device),
-            cache_sample_tensors=config.trainer.cache_sample_tensors,
-        )
-        print(f"easyr1: {self.workers.describe()}", flush=True)
-        self.workers.check_shared_directory(config.trainer.save_checkpoint_path, "trainer.save_checkpoint_path")
-        self.workers.run_all("init_models")
-
         algorithm = config.algorithm
         self.uses_reference = not algorithm.disable_kl
-        self.needs = estimator_needs(algorithm.adv_estimator)
-        self.uses_critic = self.needs.critic
+        self.uses_critic = estimator_needs(algorithm.adv_estimator).critic
         self.kl_controller = build_kl_controller(
             algorithm.kl_type, algorithm.kl_coef, algorithm.kl_target, algorithm.kl_horizon
         )
-        # the stage train_step drives (RolloutStage.collect); validation also goes through it
-        self.rollout: SingleTurnRollout | MultiTurnRollout
-        if config.env.enabled:
-            self.rollout = MultiTurnRollout(config, self.workers, self.tokenizer, self.processor, model_config)
-        else:
-            self.rollout = SingleTurnRollout(config, self.workers, self.reward_actor, self.prompts, self.tokenizer)
-        if self.resume_from:
-            self._load_checkpoint(self.resume_from, resumed_state)
-
-    def _load_datasets(self, model_config: Any) -> int:
-        """Read the training (and validation) prompts; returns the steps per epoch."""
-        config = self.config
-        self.train_dataset = RLDataset.from_config(
-            config.data, config.data.train_files, self.tokenizer, self.processor, model_config
-        )
-        self.prompts = PromptStream(
-            self.train_dataset,
-            self.round_size,
-            config.data.shuffle,
-            config.data.seed,
-            collate_fn,
-            config.data.dataloader_num_workers,
-        )
-        trainer = config.trainer
-        if trainer.val_freq > 0 or trainer.val_before_train or trainer.val_only:
-            self.val_dataset = RLDataset.from_config(
-                config.data, config.data.val_files, self.tokenizer, self.processor, model_config
-            )
-        steps_per_epoch = self.prompts.steps_per_epoch * self.round_size // config.data.rollout_batch_size
-        if steps_per_epoch == 0:
-            raise UserError(
-                f"data.train_files ({config.data.train_files}) has {len(self.train_dataset)} usable rows, fewer than "
-                f"data.rollout_batch_size={config.data.rollout_batch_size}; lower the batch size or add data"
-            )
-        return steps_per_epoch
 
     # ------------------------------------------------------------------------------------------------- loop
     def fit(self, keep_history: bool = False) -> list[dict[str, float]]:
@@ -235,7 +130,11 @@ class Trainer:
             disable=None,
         ) as progress:
             for step in range(self.global_step + 1, self.total_steps + 1):
-                metrics = self.train_step(self._step_prompts(), step)
+                try:
+                    metrics = self.train_step(self._step_prompts(), step)
+                except WorkerLost as lost:  # the message names the step
+                    lost.step = step
+                    raise
                 self.global_step = step
                 val_score = None
                 if trainer.val_freq > 0 and (step % trainer.val_freq == 0 or step == self.total_steps):
@@ -263,22 +162,22 @@ class Trainer:
         self.workers.open_step()  # each sample's heavy fields go to a worker once per step, and are reused there
 
         # 1. Rollout: n scored samples per prompt (DAPO: informative groups only; ReMax: with greedy baselines). The
-        #    rewards may still be computing in the reward actor while the workers go on.
-        rollout = self.rollout.collect(prompts, step)
-        batch, metrics, timings = rollout.batch, dict(rollout.metrics), dict(rollout.timings)
+        #    rewards may still be computing in the reward scorer while the workers go on.
+        samples = self.stage.collect(prompts, step)
+        batch, metrics, timings = samples.batch, dict(samples.metrics), dict(samples.timings)
 
         # 2. Old log-probs, and the reference's and the critic's where the algorithm needs them, on a batch reordered
         #    so that every worker's share holds a similar number of tokens.
         batch, order = self._balanced(batch)
-        samples = len(batch) // self.rollout.rows_per_sample
-        on_policy = reuses_update_log_probs(self.config, samples, self.workers.num_workers, step)
+        sample_count = len(batch) // self.stage.rows_per_sample
+        on_policy = reuses_update_log_probs(self.config, sample_count, self.workers.num_workers, step)
         batch = self._compute_experience(batch, on_policy, timings)
         if not on_policy:
             metrics.update(self._old_policy_metrics(batch))
 
         # 3. Rewards: the score on the last response token, minus the KL to the reference when it is in the reward.
         with timed(timings, "reward"):
-            rewards = rollout.rewards.result()
+            rewards = samples.rewards.result()
         if order is not None:  # the reward was computed in generation order
             rewards = rewards.index(order)
         metrics.update(self._token_level_rewards(batch, rewards))
@@ -326,7 +225,10 @@ class Trainer:
             return batch
         with timed(timings, "experience"):
             experience = self.workers.run_split(
-                "compute_experience", batch.select(*ACTOR_FIELDS), self.config.worker.rollout.temperature, passes
+                HybridWorker.compute_experience,
+                batch.select(*ACTOR_FIELDS),
+                self.config.worker.rollout.temperature,
+                passes,
             )
         # timing/old, /ref, /values: each pass on the first worker; timing/experience: the call, transfers included
         timings.update(experience.meta.pop("experience_seconds"))
@@ -398,14 +300,14 @@ class Trainer:
         Returns the batch and each worker's metrics."""
         config, algorithm = self.config, self.config.algorithm
         # a mini-batch is global_batch_size prompts: n samples each, and each sample's training rows
-        rows_per_prompt, num_workers = config.worker.rollout.n * self.rollout.rows_per_sample, self.workers.num_workers
+        rows_per_prompt, num_workers = config.worker.rollout.n * self.stage.rows_per_sample, self.workers.num_workers
         temperature = config.worker.rollout.temperature
         worker_metrics: list[dict[str, float]] = []
         if self.uses_critic:
             critic_view = batch.select(*ACTOR_FIELDS, "values", "returns")
             critic_mini_batch = config.worker.critic.global_batch_size * rows_per_prompt // num_workers
             with timed(timings, "update_critic"):
-                worker_metrics += self.workers.run_split("update_critic", critic_view, critic_mini_batch)
+                worker_metrics += self.workers.run_split(HybridWorker.update_critic, critic_view, critic_mini_batch)
         mini_batch_size = config.worker.actor.global_batch_size * rows_per_prompt // num_workers
         if on_policy:
             update_fields = [*ACTOR_FIELDS, "advantages"]
@@ -413,7 +315,7 @@ class Trainer:
             update_fields += ["rollout_log_probs"] if algorithm.rollout_correction else []
             with timed(timings, "update"):
                 results = self.workers.run_split(
-                    "update_actor_on_policy", batch.select(*update_fields), temperature, mini_batch_size
+                    HybridWorker.update_actor_on_policy, batch.select(*update_fields), temperature, mini_batch_size
                 )
             worker_metrics += [worker for worker, _ in results]
             batch = batch.union(Batch.concat([log_probs for _, log_probs in results]))
@@ -423,7 +325,7 @@ class Trainer:
             update_fields += [key for key in ("ref_log_probs", "rollout_is_weights") if key in batch]
             with timed(timings, "update"):
                 worker_metrics += self.workers.run_split(
-                    "update_actor", batch.select(*update_fields), temperature, mini_batch_size
+                    HybridWorker.update_actor, batch.select(*update_fields), temperature, mini_batch_size
                 )
         return batch, worker_metrics
 
@@ -484,62 +386,20 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:
-        """Generate for the whole validation set with ``worker.rollout.val_override_config``, score it, and return
-        ``val/`` metrics (reward and sub-scores, response lengths); logs the first ``val_generations_to_log``."""
-        overrides = dict(self.config.worker.rollout.val_override_config)
-        n = int(overrides.pop("n", 1))
-        # engine settings (memory, ...) are fixed at start-up; only the sampling ones can change per call
-        sampling = self.rollout.sampling({key: value for key, value in overrides.items() if key in SAMPLING_KEYS})
-        if isinstance(self.rollout, MultiTurnRollout):
-            return self.rollout.validate(self.global_step, VALIDATION_ROUND, sampling)
-        size = self.config.data.val_batch_size
-        size = len(self.val_dataset) if size == -1 else size
-        scores, sub_scores, lengths, shown = [], defaultdict(list), [], []
-        for start in tqdm(range(0, len(self.val_dataset), size), desc="validate", leave=False, disable=None):
-            rows = range(start, min(start + size, len(self.val_dataset)))
-            prompts = collate_fn([self.val_dataset[i] for i in rows])
-            batch = self.rollout.generate(prompts, self.global_step, VALIDATION_ROUND + start, sampling, n=n)
-            rewards = self.rollout.score(batch).result()
-            batch_scores, batch_sub_scores = rewards.scores, rewards.sub_scores
-            scores.append(batch_scores)
-            for key, values in batch_sub_scores.items():
-                sub_scores[key] += list(values)
-            lengths.append(batch["response_mask"].sum(dim=-1).float())
-            keep = self.config.trainer.val_generations_to_log - len(shown)
-            shown += self._generation_records(batch, batch_scores)[: max(keep, 0)]
-        all_scores, all_lengths = torch.cat(scores), torch.cat(lengths)
-        metrics = {
-            "val/reward_score": all_scores.mean().item(),
-            "val/response_length/mean": all_lengths.mean().item(),
-            "val/response_length/clip_ratio": (all_lengths >= sampling["max_tokens"]).float().mean().item(),
-        }
-        for key, values in sub_scores.items():
-            if key != "overall":
-                metrics[f"val/{key}"] = float(np.mean(values))
+        """The stage's validation of the current policy: its ``val/`` metrics; the samples it shows go to the
+        trackers that keep generations."""
+        validation = self.stage.validate(self.global_step)
         for tracker in self.trackers:
             log_generations = getattr(tracker, "log_generations", None)
             if log_generations is not None:
-                log_generations(shown, self.global_step)
-        return metrics
-
-    def _generation_records(self, batch: Batch, scores: torch.Tensor) -> list[dict[str, Any]]:
-        """Prompt, response, answer and score of each sample, as text."""
-        lengths = batch["response_mask"].sum(dim=-1).tolist()
-        return [
-            {
-                "prompt": self.tokenizer.decode(batch["raw_prompt_ids"][i], skip_special_tokens=False),
-                "response": self.tokenizer.decode(batch["responses"][i, : lengths[i]].tolist()),
-                "ground_truth": batch["ground_truth"][i],
-                "score": float(scores[i]),
-            }
-            for i in range(len(batch))
-        ]
+                log_generations(validation.samples, self.global_step)
+        return validation.metrics
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self, val_score: float | None = None) -> Path:
         """Write the full training state of ``global_step`` and commit it atomically; returns its directory."""
         staging = self.checkpoints.staging_dir(self.global_step)
-        self.workers.run_all("save_checkpoint", str(staging), self.config.trainer.save_model_only)
+        self.workers.run_all(HybridWorker.save_checkpoint, str(staging), self.config.trainer.save_model_only)
         driver_state = {
             "global_step": self.global_step,
             "prompts": self.prompts.state_dict(),
@@ -550,9 +410,11 @@ class Trainer:
         (staging / "config.yaml").write_text(to_yaml(self.config), encoding="utf-8")
         return self.checkpoints.commit(self.global_step, staging, val_score)
 
-    def _load_checkpoint(self, step_dir: Path, driver_state: dict[str, Any]) -> None:
-        """Restore the workers' models and optimizers and the driver's data position, KL controller and RNGs."""
-        self.workers.run_all("load_checkpoint", str(step_dir))
+    def load_checkpoint(self, step_dir: Path, driver_state: dict[str, Any]) -> None:
+        """Continue from ``step_dir``: the workers' models and optimizers, and the driver's step, data position, KL
+        controller and RNGs (``driver_state``: the step's ``trainer_state.pt``, read by the builder)."""
+        self.workers.run_all(HybridWorker.load_checkpoint, str(step_dir))
+        self.global_step = int(driver_state["global_step"])
         self.prompts.load_state_dict(driver_state["prompts"])
         self.kl_controller.load_state_dict(driver_state["kl_controller"])
         set_rng_state(driver_state["rng"])
@@ -563,10 +425,10 @@ class Trainer:
             tracker.close()
 
     def shutdown(self) -> None:
-        """Stop the workers and the reward actor (the Ray cluster itself stays up)."""
+        """Stop the workers and the reward scorer (a Ray cluster itself stays up)."""
         self.workers.shutdown()
-        if self.reward_actor is not None:
-            ray.kill(self.reward_actor)
+        if self.scorer is not None:
+            self.scorer.close()
 
 
 def prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:

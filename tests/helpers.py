@@ -14,9 +14,9 @@ import torch.distributed as dist
 
 from easyr1.config import PPOConfig, load_config
 from easyr1.data import RLDataset, collate_fn
+from easyr1.engines.base import pack_responses
 from easyr1.models.loading import load_model_config, load_tokenizer_and_processor
 from easyr1.protocol import Batch
-from easyr1.workers.rollout.base import pack_responses
 
 
 REPO = Path(__file__).resolve().parents[1]

@@ -112,8 +112,8 @@ def test_text_rows_on_one_rank_and_image_rows_on_the_other(mixed_setup, padding_
     start_ray()
     group = WorkerGroup(BatchingProbe, 2)
     try:
-        group.run_all("setup", model_dir, config)
-        results = group.run_split("run", batch, len(batch) // 2)
+        group.run_all(BatchingProbe.setup, model_dir, config)
+        results = group.run_split(BatchingProbe.run, batch, len(batch) // 2)
     finally:
         group.shutdown()
     assert [set(result["has_images"]) for result in results] == [{False}, {True}]

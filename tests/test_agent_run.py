@@ -27,7 +27,7 @@ def agent_run(
 ) -> tuple[list[dict[str, float]], list[dict], object]:
     """Two steps of 4 seeds x 4 episodes, 3 turns each, validation after the last; returns the metrics, the last
     step's episode records and the trainer's log directory."""
-    from easyr1.trainer import Trainer
+    from easyr1.build import build_trainer
 
     ENVIRONMENTS.register("test_colour")(ColourEnv)
     config = demo_config(
@@ -54,17 +54,17 @@ def agent_run(
         "trainer.save_freq=-1",
         "trainer.save_model_only=true",
     )
-    trainer = Trainer(config)
+    trainer = build_trainer(config)
     episodes: list[dict] = []
     method = "assemble" if context == "full" else "assemble_turn_rows"
-    original = getattr(trainer.rollout, method)
+    original = getattr(trainer.stage, method)
 
     def keep_episodes(finished):
         batch = original(finished)
         episodes[:] = [record for record in batch["episode"] if record is not None]
         return batch
 
-    setattr(trainer.rollout, method, keep_episodes)
+    setattr(trainer.stage, method, keep_episodes)
     try:
         return trainer.fit(keep_history=True), episodes, trainer.log_dir
     finally:

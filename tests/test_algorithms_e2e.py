@@ -155,8 +155,8 @@ def test_disable_kl_loads_no_reference_model(tiny_qwen2_5_vl_dir, tiny_dataset_d
     config = demo_config(tiny_qwen2_5_vl_dir, tiny_dataset_dir, "algorithm.disable_kl=true")
     group = WorkerGroup(HybridWorker, 2, init_args=(config,))
     try:
-        group.run_all("init_models")
-        assert group.run_all("has_reference_model") == [False, False]
+        group.run_all(HybridWorker.init_models)
+        assert group.run_all(HybridWorker.has_reference_model) == [False, False]
     finally:
         group.shutdown()
 

@@ -1,7 +1,7 @@
 """docs/architecture.md's Batch table names every field the driver and the workers exchange.
 
 The fields are found in the source: keys written into a batch (``batch["x"] = ...``) by the trainer, the rollout
-stage, the hybrid worker and the rollout engines, names passed to ``Batch.select``, keys of ``Batch(tensors=...)``
+stages, the hybrid worker and the rollout engines, names passed to ``Batch.select``, keys of ``Batch(tensors=...)``
 literals, and the field tuples of the actor and the sample cache. A new field that crosses a worker call without a
 row in the table fails here.
 """
@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from easyr1.distributed.sample_cache import PROMPT_FIELDS, RESPONSE_FIELDS
-from easyr1.workers.actor import ACTOR_FIELDS
+from easyr1.protocol import ACTOR_FIELDS
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,7 +21,7 @@ SOURCES = [
     REPO / "easyr1" / "trainer.py",
     REPO / "easyr1" / "workers" / "hybrid_worker.py",
     *sorted((REPO / "easyr1" / "stages").glob("*.py")),
-    *sorted((REPO / "easyr1" / "workers" / "rollout").glob("*.py")),
+    *sorted((REPO / "easyr1" / "engines").glob("*.py")),
 ]
 BATCH_NAMES = {"batch", "prompts", "output", "out", "rows", "experience"}
 

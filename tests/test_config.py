@@ -25,11 +25,11 @@ from easyr1.config import (
     to_dict,
     to_yaml,
 )
+from easyr1.engines.registry import ENGINES
 from easyr1.envs.base import Environment
 from easyr1.envs.registry import ENVIRONMENTS
 from easyr1.errors import ConfigError, UserError
-from easyr1.workers.reward import REWARD_TYPES
-from easyr1.workers.rollout.engines import ROLLOUT_ENGINES
+from easyr1.reward import REWARD_TYPES
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,8 +92,12 @@ def test_defaults_follow_easyr1():
     assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.clip_ratio_dual) == (0.2, 0.3, 3.0)
     assert (actor.optim.lr, actor.optim.betas, actor.optim.weight_decay) == (1e-6, (0.9, 0.999), 1e-2)
     assert (actor.fsdp.torch_dtype, actor.fsdp.mp_param_dtype) == (None, None)
+    assert (actor.padding_free, actor.dynamic_batching, actor.use_torch_compile) == (True, True, True)
+    worker = config.worker
+    assert actor.fsdp.enable_rank0_init and worker.ref.fsdp.enable_rank0_init and worker.critic.fsdp.enable_rank0_init
     assert (config.worker.rollout.n, config.worker.rollout.tensor_parallel_size) == (5, 2)
     assert config.trainer.logger == ["console", "file"]
+    assert (config.trainer.experiment_name, config.trainer.val_generations_to_log) == ("demo", 0)
     assert (config.trainer.n_gpus_per_node, config.trainer.project_name, config.trainer.device) == (
         8,
         "easy_r1",
@@ -699,6 +703,12 @@ def test_cpu_example_loads_and_validates(monkeypatch):
     assert (config.data.rollout_batch_size, config.worker.rollout.n, config.trainer.n_gpus_per_node) == (16, 8, 2)
     assert (config.worker.rollout.dtype, config.worker.actor.fsdp.torch_dtype) == ("float32", "float32")
     assert config.algorithm.disable_kl and config.trainer.device == "cpu"
+    # the demo keeps the settings it was tuned with where the defaults follow EasyR1's
+    actor = config.worker.actor
+    assert (actor.padding_free, actor.dynamic_batching, actor.use_torch_compile) == (False, False, False)
+    fsdp_sections = (actor.fsdp, config.worker.ref.fsdp, config.worker.critic.fsdp)
+    assert not any(fsdp.enable_rank0_init for fsdp in fsdp_sections)
+    assert config.trainer.val_generations_to_log == 3
     assert config.trainer.save_checkpoint_path == str(REPO / "checkpoints" / "easyr1_demo" / "shape_color_grpo")
 
 
@@ -754,7 +764,7 @@ REGISTERED_NAMES = [
     ("algorithm.kl_type", KL_CONTROLLERS.names()),
     ("worker.actor.loss_type", POLICY_LOSSES.names()),
     ("worker.actor.loss_agg_mode", LOSS_AGGREGATIONS.names()),
-    ("worker.rollout.name", ROLLOUT_ENGINES.names()),
+    ("worker.rollout.name", ENGINES.names()),
     ("worker.reward.reward_type", list(REWARD_TYPES)),
 ]
 

@@ -1,4 +1,4 @@
-"""The CPU weight sync (``workers/rollout/cpu_weight_sync.py``) gives the engine vLLM's own ``reload_weights`` gives.
+"""The CPU weight sync (``engines/vllm_cpu_weight_sync.py``) gives the engine vLLM's own ``reload_weights`` gives.
 
 Each engine runs in this process, in a one-rank gloo world, as in a worker. After a sync of perturbed weights
 (every float tensor, the vision tower's too), greedy tokens and log-probs of image and text prompts equal those after
@@ -16,8 +16,8 @@ import torch
 from helpers import prompt_batch, single_rank_vllm_world
 from safetensors.torch import load_file
 
+from easyr1.engines.base import SamplingSettings
 from easyr1.protocol import Batch
-from easyr1.workers.rollout.base import SamplingSettings
 
 
 pytestmark = pytest.mark.slow
@@ -36,12 +36,12 @@ def text_dataset(tmp_path_factory):
 # (family, enforce_eager): compiling costs ~30 s, so one compiled engine; the compiled graph must see new weights
 @pytest.fixture(scope="module", params=[("qwen2_5_vl", True), ("qwen2_5_vl", False), ("qwen3_vl", True)], ids=str)
 def engine(request, tiny_model_dir):
-    from easyr1.workers.rollout.vllm_rollout import VLLMRollout
+    from easyr1.engines.vllm_engine import VLLMEngine
 
     family, eager = request.param
     model_dir = tiny_model_dir(family)
     with single_rank_vllm_world():
-        rollout = VLLMRollout(
+        rollout = VLLMEngine(
             str(model_dir),
             str(model_dir),
             dtype=torch.float32,

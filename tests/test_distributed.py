@@ -101,8 +101,8 @@ def test_two_fsdp_workers_equal_one_unsharded_process(actor_setup, two_workers, 
     actor_config.micro_batch_size_per_device_for_update = 2
     reference = single_process(model_dir, actor_config, batch, 2)
 
-    two_workers.run_all("setup", model_dir, actor_config)
-    results = two_workers.run_split("run", batch, NUM_SAMPLES // 2)
+    two_workers.run_all(ActorProbe.setup, model_dir, actor_config)
+    results = two_workers.run_split(ActorProbe.run, batch, NUM_SAMPLES // 2)
     assert [result["world_size"] for result in results] == [2, 2]
     sharded_log_probs = torch.cat([result["log_probs"] for result in results])
     torch.testing.assert_close(sharded_log_probs, reference["log_probs"], rtol=0, atol=1e-6)

@@ -7,8 +7,8 @@ import pytest
 import torch
 from helpers import demo_config
 
+from easyr1.engines.vllm_engine import cpu_kv_cache_bytes
 from easyr1.models.loading import load_model_config
-from easyr1.workers.rollout.vllm_rollout import cpu_kv_cache_bytes
 
 
 def test_bytes_follow_layers_heads_rows_and_dtype(tiny_qwen2_5_vl_dir):
@@ -39,8 +39,8 @@ def test_a_non_positive_size_is_refused(tiny_qwen2_5_vl_dir, tiny_dataset_dir):
 
 
 def test_cpu_block_size_must_suit_vllms_cpu_attention(tiny_qwen2_5_vl_dir, tiny_dataset_dir):
+    from easyr1.engines.vllm_engine import CPU_BLOCK_SIZE, cpu_block_size
     from easyr1.errors import ConfigError, UserError
-    from easyr1.workers.rollout.vllm_rollout import CPU_BLOCK_SIZE, cpu_block_size
 
     assert cpu_block_size(None) == CPU_BLOCK_SIZE
     assert cpu_block_size(64) == 64

@@ -20,13 +20,13 @@ from PIL import Image
 from transformers import AutoModelForImageTextToText
 
 from easyr1.data import RLDataset, collate_fn
+from easyr1.engines.base import SamplingSettings
 from easyr1.models.loading import load_model, load_model_config, load_tokenizer_and_processor
 from easyr1.models.rope import extend_position_ids
 from easyr1.protocol import Batch
 from easyr1.tools.tiny_dataset import COLOURS, MIXED_KINDS, build_mixed_dataset
 from easyr1.tools.tiny_model import VISION_FAMILIES as FAMILIES
 from easyr1.workers.actor import forward_inputs, response_log_probs
-from easyr1.workers.rollout.base import SamplingSettings
 
 
 NUM_ROWS = 8  # every kind twice
@@ -212,11 +212,11 @@ def engine_world():
 def _generate_with_vllm(model_dir: Path, prompts: Batch, banned_token_ids: list[int]) -> Batch:
     """Sample RESPONSE_LENGTH tokens per row with a fresh in-process engine, then shut the engine down.
 
-    ``VLLMRollout.generate`` itself raises unless the prompt ids vLLM expanded equal the dataset's ``input_ids``.
+    ``VLLMEngine.generate`` itself raises unless the prompt ids vLLM expanded equal the dataset's ``input_ids``.
     """
-    from easyr1.workers.rollout.vllm_rollout import VLLMRollout
+    from easyr1.engines.vllm_engine import VLLMEngine
 
-    engine = VLLMRollout(
+    engine = VLLMEngine(
         str(model_dir),
         str(model_dir),
         dtype=torch.float32,

@@ -17,11 +17,11 @@ from easyr1.models.loading import load_model_config, load_tokenizer_and_processo
 from easyr1.models.rope import MRopeSettings, get_rope_index
 from easyr1.protocol import Batch
 from easyr1.stages import multi_turn
-from easyr1.stages.multi_turn import EpisodeSeeds, MultiTurnRollout
+from easyr1.stages.multi_turn import EpisodeSeeds, MultiTurnStage
 from easyr1.stages.turn_encoding import TurnEncoder
 
 
-class ScriptedRollout(MultiTurnRollout):
+class ScriptedRollout(MultiTurnStage):
     """The stage with its engine calls replaced by a fixed policy: episode seed s answers ``script(seed, turn)``."""
 
     def __init__(self, config, tokenizer, processor, model_config, script) -> None:

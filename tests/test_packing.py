@@ -8,7 +8,8 @@ from helpers import training_batch
 
 from easyr1.algorithms import log_probs_from_logits
 from easyr1.models.loading import load_model
-from easyr1.workers.actor import forward_inputs, merge_vision_inputs
+from easyr1.protocol import merge_vision_inputs
+from easyr1.workers.actor import forward_inputs
 from easyr1.workers.packing import pack, packed_response_logits, token_budget_groups
 
 
@@ -84,9 +85,9 @@ def test_packed_forward_equals_padded_forward_and_gradients(family, tiny_model_d
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_packed_equals_padded_on_text_image_multi_image_and_video_rows(family, tiny_model_dir, tmp_path):
     from easyr1.data import RLDataset, collate_fn
+    from easyr1.engines.base import pack_responses
     from easyr1.models.loading import load_model_config, load_tokenizer_and_processor
     from easyr1.tools.tiny_dataset import build_mixed_dataset
-    from easyr1.workers.rollout.base import pack_responses
 
     model_dir = tiny_model_dir(family)
     data_dir = build_mixed_dataset(tmp_path, num_rows=4, seed=1)  # one row of each kind

@@ -90,7 +90,7 @@ RESPONSE_LENGTH = 6
 
 
 def _batch(prompts: Batch, seed: int) -> Batch:
-    from easyr1.workers.rollout.base import pack_responses
+    from easyr1.engines.base import pack_responses
 
     generator = torch.Generator().manual_seed(seed)
     rows = prompts.index(LAYOUT)

@@ -49,7 +49,7 @@ class LoadingProbe(HybridWorker):
     """A HybridWorker without a rollout engine (nothing here generates), reporting what it holds. Its config names
     the hf engine, whose ranks share no tensor-parallel group to check against vLLM's."""
 
-    def _build_rollout(self, dtype: torch.dtype) -> None:
+    def _build_engine(self, dtype: torch.dtype) -> None:
         return None
 
     def full_weights(self) -> dict[str, dict[str, torch.Tensor]]:
@@ -95,16 +95,16 @@ def run_group(config, batch: Batch, checkpoint_dir) -> dict:
     """Load, report, compute and update once; then save a checkpoint, train on, and load it back."""
     group = WorkerGroup(LoadingProbe, 2, init_args=(config,))
     try:
-        group.run_all("init_models")
-        reads = group.run_all("checkpoint_reads")
-        initial = group.run_all("full_weights")
-        results = group.run_split("experience", batch)
-        final = group.run_all("full_weights")
-        group.run_all("save_checkpoint", str(checkpoint_dir))
-        group.run_split("experience", batch)  # moves the weights and optimizer states on
-        group.run_all("load_checkpoint", str(checkpoint_dir))
-        reloaded = group.run_all("full_weights")
-        residency = group.run_all("residency")
+        group.run_all(LoadingProbe.init_models)
+        reads = group.run_all(LoadingProbe.checkpoint_reads)
+        initial = group.run_all(LoadingProbe.full_weights)
+        results = group.run_split(LoadingProbe.experience, batch)
+        final = group.run_all(LoadingProbe.full_weights)
+        group.run_all(LoadingProbe.save_checkpoint, str(checkpoint_dir))
+        group.run_split(LoadingProbe.experience, batch)  # moves the weights and optimizer states on
+        group.run_all(LoadingProbe.load_checkpoint, str(checkpoint_dir))
+        reloaded = group.run_all(LoadingProbe.full_weights)
+        residency = group.run_all(LoadingProbe.residency)
     finally:
         group.shutdown()
     return {

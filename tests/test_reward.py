@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from easyr1.errors import RewardError
-from easyr1.workers.reward import Rewards, load_reward_function, parse_reward_spec, score_batch
+from easyr1.reward import Rewards, load_reward_function, score_batch
+from easyr1.reward.function import parse_reward_spec
 
 
 REWARD_DIR = Path(__file__).resolve().parents[1] / "reward_function"
@@ -360,8 +361,8 @@ def test_the_reward_actor_scores_without_importing_torch() -> None:
     script = textwrap.dedent(
         """
         import sys
-        from easyr1.workers.reward_actor import RewardActor
-        from easyr1.workers.reward import load_reward_function, score_batch
+        from easyr1.reward.ray_scorer import RewardActor
+        from easyr1.reward import load_reward_function, score_batch
         reward_fn = load_reward_function("reward_function/math.py")
         rewards = score_batch(reward_fn, [{"response": "\\\\boxed{4}", "ground_truth": "4", "response_length": 3,
                                            "prompt": "2+2?"}])

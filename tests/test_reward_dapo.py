@@ -1,7 +1,7 @@
 import pytest
 from helpers import REPO
 
-from easyr1.workers.reward import load_reward_function
+from easyr1.reward import load_reward_function
 
 
 DAPO = f"{REPO / 'reward_function' / 'dapo.py'}:compute_score"

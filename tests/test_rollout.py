@@ -50,7 +50,7 @@ def workers(request, tiny_qwen2_5_vl_dir, tiny_dataset_dir):
     )
     start_ray()
     group = WorkerGroup(HybridWorker, 2, init_args=(config,))
-    group.run_all("init_models")
+    group.run_all(HybridWorker.init_models)
     yield request.param, group
     group.shutdown()
 
@@ -62,20 +62,20 @@ GAP_LIMIT = {"vllm": 1e-3, "hf": 5e-3}
 def test_image_prompts_log_probs_match_and_follow_updates(workers, tiny_qwen2_5_vl_dir, tiny_dataset_dir):
     engine, group = workers
     prompts = prompt_batch(tiny_qwen2_5_vl_dir, tiny_dataset_dir, 4)
-    batch = group.run_split("generate", with_seeds(prompts, 2), SAMPLING)
-    batch = batch.union(group.run_split("compute_old_log_probs", batch, 1.0))
+    batch = group.run_split(HybridWorker.generate, with_seeds(prompts, 2), SAMPLING)
+    batch = batch.union(group.run_split(HybridWorker.compute_old_log_probs, batch, 1.0))
     assert batch["response_mask"].sum() > 0
     assert masked_gap(batch, "old_log_probs").mean() < GAP_LIMIT[engine]
 
     # one large update: the engine must then sample from the new weights, not the old ones
     batch["advantages"] = torch.where(batch["response_mask"].bool(), 1.0, 0.0)
     batch["old_log_probs"] = batch["old_log_probs"] - 0.05  # keeps the PPO ratio inside the clip range
-    metrics = group.run_split("update_actor", batch, 1.0, len(batch) // 2)
+    metrics = group.run_split(HybridWorker.update_actor, batch, 1.0, len(batch) // 2)
     assert all(torch.isfinite(torch.tensor(m["actor/grad_norm"])) for m in metrics)
 
-    after = group.run_split("generate", with_seeds(prompts, 2, offset=100), SAMPLING)
-    after = after.union(group.run_split("compute_old_log_probs", after, 1.0))
-    after = after.union(group.run_split("compute_ref_log_probs", after, 1.0))
+    after = group.run_split(HybridWorker.generate, with_seeds(prompts, 2, offset=100), SAMPLING)
+    after = after.union(group.run_split(HybridWorker.compute_old_log_probs, after, 1.0))
+    after = after.union(group.run_split(HybridWorker.compute_ref_log_probs, after, 1.0))
     assert masked_gap(after, "old_log_probs").mean() < GAP_LIMIT[engine]
     # the initial weights (reference model) give clearly different log-probs: the sync really happened
     assert masked_gap(after, "ref_log_probs").mean() > 1e-2
@@ -85,8 +85,8 @@ def test_text_prompts_log_probs_match(workers, tiny_qwen2_5_vl_dir, text_dataset
     engine, group = workers
     prompts = prompt_batch(tiny_qwen2_5_vl_dir, text_dataset, 4)
     assert all(not row for row in prompts["multi_modal_inputs"])
-    batch = group.run_split("generate", with_seeds(prompts, 2), SAMPLING)
-    batch = batch.union(group.run_split("compute_old_log_probs", batch, 1.0))
+    batch = group.run_split(HybridWorker.generate, with_seeds(prompts, 2), SAMPLING)
+    batch = batch.union(group.run_split(HybridWorker.compute_old_log_probs, batch, 1.0))
     assert masked_gap(batch, "old_log_probs").mean() < GAP_LIMIT[engine]
 
 
@@ -99,12 +99,9 @@ def test_vllm_rejects_prompt_ids_that_disagree_with_the_trainer(workers, tiny_qw
     prompts["raw_prompt_ids"] = [
         ids[mask.bool()].tolist() for ids, mask in zip(prompts["input_ids"], prompts["attention_mask"])
     ]
-    import ray
-
-    with pytest.raises(ray.exceptions.RayTaskError) as error:
-        group.run_split("generate", with_seeds(prompts, 1), SAMPLING)
-    assert isinstance(error.value.cause, UserError)
-    assert "vLLM expanded the prompt" in str(error.value.cause)
+    # a worker's user error reaches the driver as it is (the group unwraps Ray's task error)
+    with pytest.raises(UserError, match="vLLM expanded the prompt"):
+        group.run_split(HybridWorker.generate, with_seeds(prompts, 1), SAMPLING)
 
 
 def test_each_sample_gets_the_same_tokens_whatever_the_request_shape(workers, tiny_qwen2_5_vl_dir, tiny_dataset_dir):
@@ -114,7 +111,7 @@ def test_each_sample_gets_the_same_tokens_whatever_the_request_shape(workers, ti
     per prompt; permuted, one request per row."""
     import ray
 
-    from easyr1.workers.rollout.vllm_rollout import sample_groups
+    from easyr1.engines.vllm_engine import sample_groups
 
     engine, group = workers
     batch = prompt_batch(tiny_qwen2_5_vl_dir, tiny_dataset_dir, 4).repeat(3, interleave=True)
@@ -122,7 +119,7 @@ def test_each_sample_gets_the_same_tokens_whatever_the_request_shape(workers, ti
     seeds = batch["sample_seed"].tolist()
     # as a worker sees the rows after Ray's serialization, which keeps the repeated rows' images one object
     assert sample_groups(ray.get(ray.put(batch)), seeds) == [(0, 3), (3, 3), (6, 3), (9, 3)]
-    split_over_two = group.run_split("generate", batch, SAMPLING)  # each worker generates 6 rows
+    split_over_two = group.run_split(HybridWorker.generate, batch, SAMPLING)  # each worker generates 6 rows
     permutation = torch.randperm(len(batch), generator=torch.Generator().manual_seed(0)).tolist()
     # every worker takes part (a pending weight sync is collective): one gets all rows, the other all rows permuted
     whole, permuted = ray.get(
@@ -141,6 +138,6 @@ def test_each_sample_gets_the_same_tokens_whatever_the_request_shape(workers, ti
     assert lengths.sum() > len(batch)  # real sampling happened: not only immediate end-of-text
     # the same prompt with other seeds gives other tokens somewhere, so the equality above is not vacuous
     reseeded = group.run_split(
-        "generate", with_seeds(prompt_batch(tiny_qwen2_5_vl_dir, tiny_dataset_dir, 4), 3, 900), SAMPLING
+        HybridWorker.generate, with_seeds(prompt_batch(tiny_qwen2_5_vl_dir, tiny_dataset_dir, 4), 3, 900), SAMPLING
     )
     assert not torch.equal(reseeded["responses"], split_over_two["responses"])

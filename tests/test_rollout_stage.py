@@ -12,8 +12,8 @@ import torch
 from easyr1.data import RLDataset, collate_fn
 from easyr1.errors import UserError
 from easyr1.models.loading import load_model_config, load_tokenizer_and_processor
-from easyr1.stages.rollout import GREEDY_SEEDS_START, greedy_baseline_first_seed, round_first_seed
-from easyr1.workers.reward import build_reward_inputs
+from easyr1.reward import build_reward_inputs
+from easyr1.stages.sampling import GREEDY_SEEDS_START, greedy_baseline_first_seed, round_first_seed
 
 
 def sampling_seeds(seed: int, step: int, round_index: int, samples: int) -> set[int]:

@@ -62,7 +62,7 @@ def assert_same_batch(got: Batch, expected: Batch) -> None:
 
 def check_received(group: WorkerGroup, batch: Batch) -> None:
     """Each rank's method got exactly its consecutive chunk of ``batch`` (what it gets without the cache)."""
-    for received, expected in zip(group.run_all("take_received"), batch.chunk(group.num_workers)):
+    for received, expected in zip(group.run_all(Recorder.take_received), batch.chunk(group.num_workers)):
         assert len(received) == 1
         assert_same_batch(received[0], expected)
 
@@ -101,11 +101,11 @@ def actor_view(batch: Batch) -> Batch:
 def test_heavy_fields_travel_once_per_step_and_methods_see_the_full_batch(group, samples):
     vision_rows = len(samples)
     group.open_step()
-    assert group.run_all("cache_entries") == [0, 0]
+    assert group.run_all(Recorder.cache_entries) == [0, 0]
 
     # generation: every row's vision tensors go once; the objects come back as the driver's own copies
     prompts = prompt_view(samples)
-    out = group.run_split("generate_like", prompts)
+    out = group.run_split(Recorder.generate_like, prompts)
     check_received(group, prompts)
     generation = group.transfers[-1]
     assert generation.rows_sent == {VISION: vision_rows}
@@ -116,7 +116,7 @@ def test_heavy_fields_travel_once_per_step_and_methods_see_the_full_batch(group,
 
     # first pass after generation: the vision tensors are reused, the token tensors go once
     view = actor_view(samples)
-    result = group.run_split("log_probs_like", view)
+    result = group.run_split(Recorder.log_probs_like, view)
     check_received(group, view)
     assert torch.equal(result["row_sum"], view["input_ids"].sum(dim=-1))
     first = group.transfers[-1]
@@ -124,7 +124,7 @@ def test_heavy_fields_travel_once_per_step_and_methods_see_the_full_batch(group,
     assert first.rows_sent["input_ids"] == len(view)
 
     # second pass: nothing heavy moves, far fewer bytes
-    group.run_split("log_probs_like", view)
+    group.run_split(Recorder.log_probs_like, view)
     check_received(group, view)
     second = group.transfers[-1]
     assert set(second.rows_sent.values()) == {0}
@@ -136,52 +136,52 @@ def test_heavy_fields_travel_once_per_step_and_methods_see_the_full_batch(group,
     moved = sum((position < half) != (row < half) for position, row in enumerate(order))
     assert moved > 0
     reordered = view.index(order)
-    result = group.run_split("log_probs_like", reordered)
+    result = group.run_split(Recorder.log_probs_like, reordered)
     check_received(group, reordered)
     assert torch.equal(result["row_sum"], reordered["input_ids"].sum(dim=-1))
     assert group.transfers[-1].rows_sent[VISION] == moved
-    group.run_split("log_probs_like", reordered)
+    group.run_split(Recorder.log_probs_like, reordered)
     check_received(group, reordered)
     assert set(group.transfers[-1].rows_sent.values()) == {0}
 
     metrics = group.finish_step()
     assert metrics["perf/bytes_to_workers"] == sum(transfer.bytes_to_workers for transfer in group.transfers)
     assert metrics["perf/bytes_from_workers"] == sum(transfer.bytes_from_workers for transfer in group.transfers)
-    assert group.run_all("cache_entries") == [0, 0]
+    assert group.run_all(Recorder.cache_entries) == [0, 0]
     assert not group.router.holders
 
     # the next step starts empty: the same samples are sent again, and still arrive whole
     group.open_step()
-    group.run_split("log_probs_like", reordered)
+    group.run_split(Recorder.log_probs_like, reordered)
     check_received(group, reordered)
     assert group.transfers[-1].rows_sent[VISION] == vision_rows
     group.finish_step()
-    assert group.run_all("cache_entries") == [0, 0]
+    assert group.run_all(Recorder.cache_entries) == [0, 0]
 
 
 def test_cache_off_and_outside_a_step_send_everything(group, samples):
     view = actor_view(samples)
-    group.run_split("log_probs_like", view)  # outside a step (validation): no caching at all
+    group.run_split(Recorder.log_probs_like, view)  # outside a step (validation): no caching at all
     check_received(group, view)
     assert group.transfers[-1].rows_sent == {}
-    assert group.run_all("cache_entries") == [0, 0]
+    assert group.run_all(Recorder.cache_entries) == [0, 0]
 
     group.open_step()
     group.router, router = None, group.router  # trainer.cache_sample_tensors=false
     try:
         for _ in range(2):
-            group.run_split("log_probs_like", view)
+            group.run_split(Recorder.log_probs_like, view)
             check_received(group, view)
         off = group.transfers[-1].bytes_to_workers
     finally:
         group.router = router
         group.finish_step()
     group.open_step()
-    group.run_split("log_probs_like", view)
-    group.run_split("log_probs_like", view)
+    group.run_split(Recorder.log_probs_like, view)
+    group.run_split(Recorder.log_probs_like, view)
     cached_second = group.transfers[-1].bytes_to_workers
     group.finish_step()
-    group.run_all("take_received")
+    group.run_all(Recorder.take_received)
     # uncached, every pass carries the vision tensors again (and each rank the whole batch's storage)
     vision_bytes = sum(row["pixel_values"].nbytes for row in samples[VISION][::N])
     assert off > vision_bytes > cached_second
@@ -191,10 +191,10 @@ def test_a_row_the_rank_never_got_is_an_error_not_a_wrong_tensor(group, samples)
     view = actor_view(samples)
     group.open_step()
     try:
-        group.run_split("log_probs_like", view)
-        group.run_all("clear_sample_cache")  # the workers forget, the driver's record does not
+        group.run_split(Recorder.log_probs_like, view)
+        group.run_all(Recorder.clear_sample_cache)  # the workers forget, the driver's record does not
         with pytest.raises(ray.exceptions.RayTaskError) as error:
-            group.run_split("log_probs_like", view)
+            group.run_split(Recorder.log_probs_like, view)
         assert isinstance(error.value.cause, SampleCacheMiss)
         message = str(error.value.cause)
         assert "never sent it this step" in message and "log_probs_like" in message
@@ -202,7 +202,7 @@ def test_a_row_the_rank_never_got_is_an_error_not_a_wrong_tensor(group, samples)
         assert missing and int(missing.group(1)) in view["sample_id"].tolist()
     finally:
         group.finish_step()
-        group.run_all("take_received")
+        group.run_all(Recorder.take_received)
 
 
 def test_rows_are_keyed_by_sample_id(group, samples):

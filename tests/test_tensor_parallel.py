@@ -10,9 +10,9 @@ import torch
 from helpers import demo_config, prompt_batch, start_ray
 
 from easyr1.distributed import WorkerGroup
+from easyr1.engines import vllm_cpu_weight_sync
 from easyr1.protocol import Batch
 from easyr1.workers.hybrid_worker import HybridWorker
-from easyr1.workers.rollout import cpu_weight_sync
 
 
 pytestmark = pytest.mark.slow
@@ -51,8 +51,8 @@ class RecordingWorker(HybridWorker):
 
     def record_engine_calls(self, sleep_as_on_gpu: bool) -> None:
         self.engine_calls: list = []
-        self.rollout.llm = RecordingLLM(self.rollout.llm, self.engine_calls)
-        self.rollout.sleep_supported = sleep_as_on_gpu
+        self.engine.llm = RecordingLLM(self.engine.llm, self.engine_calls)
+        self.engine.sleep_supported = sleep_as_on_gpu
 
     def take_engine_calls(self) -> list:
         calls, self.engine_calls[:] = list(self.engine_calls), []
@@ -62,7 +62,7 @@ class RecordingWorker(HybridWorker):
         return set(os.listdir("/dev/shm"))
 
     def shm_tag(self) -> str | None:
-        return self.rollout.shm_tag
+        return self.engine.shm_tag
 
     def communicator_shm_name(self) -> str | None:
         """The TP communicator's shared-memory group name; None when vLLM's kernels for this CPU have no
@@ -76,10 +76,10 @@ class RecordingWorker(HybridWorker):
         return module.group_name
 
     def engine_ranks(self) -> list[int]:
-        return self.rollout.tensor_parallel_ranks()
+        return self.engine.tensor_parallel_ranks()
 
     def engine_dtype(self) -> torch.dtype:
-        return self.rollout.llm.llm_engine.vllm_config.model_config.dtype
+        return self.engine.llm.llm_engine.vllm_config.model_config.dtype
 
 
 def masked_gap(batch: Batch) -> torch.Tensor:
@@ -93,8 +93,8 @@ def with_seeds(prompts: Batch, repeat: int, offset: int = 0) -> Batch:
     return batch
 
 
-# on CPU the engine loads through easyr1's CPU path (cpu_weight_sync.py), TP=2 included
-WEIGHT_SYNC = [("collective_rpc", cpu_weight_sync.load), ("reset_prefix_cache", None)]
+# on CPU the engine loads through easyr1's CPU path (vllm_cpu_weight_sync.py), TP=2 included
+WEIGHT_SYNC = [("collective_rpc", vllm_cpu_weight_sync.load), ("reset_prefix_cache", None)]
 
 
 def test_tensor_parallel_rollout_matches_the_actor_and_wakes_in_order(tiny_qwen2_5_vl_dir, tiny_dataset_dir):
@@ -110,52 +110,52 @@ def test_tensor_parallel_rollout_matches_the_actor_and_wakes_in_order(tiny_qwen2
     before = set(os.listdir("/dev/shm"))
     group = WorkerGroup(RecordingWorker, 2, init_args=(config,))
     try:
-        group.run_all("init_models")
-        assert group.run_all("engine_ranks") == [[0, 1], [0, 1]]
-        assert group.run_all("engine_dtype") == [torch.float32, torch.float32]
-        tags = group.run_all("shm_tag")
+        group.run_all(RecordingWorker.init_models)
+        assert group.run_all(RecordingWorker.engine_ranks) == [[0, 1], [0, 1]]
+        assert group.run_all(RecordingWorker.engine_dtype) == [torch.float32, torch.float32]
+        tags = group.run_all(RecordingWorker.shm_tag)
         assert tags[0] is not None and tags[0] == tags[1]
         # the communicator's segments are named after this engine's tag, so runs side by side cannot collide
-        names = group.run_all("communicator_shm_name")
+        names = group.run_all(RecordingWorker.communicator_shm_name)
         if names != [None, None]:  # (with vLLM's AVX2 kernels the communicator is gloo and has no segments)
             assert names[0] == names[1] and names[0].startswith(f"{tags[0]}-tp:")
         # the engine is built and its shared memory in use, yet no name is left behind (a killed run leaves none)
-        assert group.run_all("shared_memory_files")[0] <= before
+        assert group.run_all(RecordingWorker.shared_memory_files)[0] <= before
 
         # TP=2 x DP=1: both ranks run one engine, each with its own half of the prompts. On CPU the engine
         # keeps its weights between rollouts: the first rollout pushes the actor's weights, ...
         prompts = prompt_batch(tiny_qwen2_5_vl_dir, tiny_dataset_dir, 4)
-        group.run_all("record_engine_calls", False)
-        batch = group.run_split("generate", with_seeds(prompts, 2), SAMPLING)
-        for calls in group.run_all("take_engine_calls"):
+        group.run_all(RecordingWorker.record_engine_calls, False)
+        batch = group.run_split(RecordingWorker.generate, with_seeds(prompts, 2), SAMPLING)
+        for calls in group.run_all(RecordingWorker.take_engine_calls):
             assert calls == [*WEIGHT_SYNC, ("generate", None)]
-        batch = batch.union(group.run_split("compute_old_log_probs", batch, 1.0))
+        batch = batch.union(group.run_split(RecordingWorker.compute_old_log_probs, batch, 1.0))
         assert batch["response_mask"].sum() > 0
         assert masked_gap(batch).max() < 1e-3  # 0.35 when the two ranks sent their own prompts
         # ... an unchanged actor is not pushed again ...
-        group.run_split("generate", with_seeds(prompts, 1, offset=50), SAMPLING)
-        for calls in group.run_all("take_engine_calls"):
+        group.run_split(RecordingWorker.generate, with_seeds(prompts, 1, offset=50), SAMPLING)
+        for calls in group.run_all(RecordingWorker.take_engine_calls):
             assert calls == [("generate", None)]
         # ... an updated one is, and the engine then samples from the new weights
         batch["advantages"] = torch.where(batch["response_mask"].bool(), 1.0, 0.0)
         batch["old_log_probs"] = batch["old_log_probs"] - 0.05
-        group.run_split("update_actor", batch, 1.0, len(batch) // 2)
-        after = group.run_split("generate", with_seeds(prompts, 2, offset=100), SAMPLING)
-        for calls in group.run_all("take_engine_calls"):
+        group.run_split(RecordingWorker.update_actor, batch, 1.0, len(batch) // 2)
+        after = group.run_split(RecordingWorker.generate, with_seeds(prompts, 2, offset=100), SAMPLING)
+        for calls in group.run_all(RecordingWorker.take_engine_calls):
             assert calls == [*WEIGHT_SYNC, ("generate", None)]
-        after = after.union(group.run_split("compute_old_log_probs", after, 1.0))
+        after = after.union(group.run_split(RecordingWorker.compute_old_log_probs, after, 1.0))
         assert masked_gap(after).max() < 1e-3
 
         # As on GPU (sleep recorded, not done): the engine is awake and current, so it generates, then sleeps at
         # level 2, which discards its weights ...
-        group.run_all("record_engine_calls", True)
-        group.run_split("generate", with_seeds(prompts, 1, offset=60), SAMPLING)
-        for calls in group.run_all("take_engine_calls"):
+        group.run_all(RecordingWorker.record_engine_calls, True)
+        group.run_split(RecordingWorker.generate, with_seeds(prompts, 1, offset=60), SAMPLING)
+        for calls in group.run_all(RecordingWorker.take_engine_calls):
             assert calls == [("generate", None), ("sleep", 2)]
         # ... so although the actor has not changed (a DAPO refill round, validation), the next rollout wakes the
         # weights, pushes them, then wakes the KV cache, generates and sleeps
-        group.run_split("generate", with_seeds(prompts, 1, offset=70), SAMPLING)
-        for calls in group.run_all("take_engine_calls"):
+        group.run_split(RecordingWorker.generate, with_seeds(prompts, 1, offset=70), SAMPLING)
+        for calls in group.run_all(RecordingWorker.take_engine_calls):
             assert calls == [
                 ("wake_up", ("weights",)),
                 *WEIGHT_SYNC,

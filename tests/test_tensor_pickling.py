@@ -66,7 +66,7 @@ def cases() -> dict[str, torch.Tensor]:
 
 def test_values_dtypes_and_shapes_survive_the_round_trip(group):
     sent = cases()
-    received = group.run_all("echo", sent)[0]
+    received = group.run_all(Echo.echo, sent)[0]
     assert list(received) == list(sent)
     for name, tensor in sent.items():
         got = received[name]
@@ -78,7 +78,7 @@ def test_values_dtypes_and_shapes_survive_the_round_trip(group):
 def test_what_torch_pickles_itself_keeps_its_kind(group):
     weight = torch.nn.Parameter(torch.randn(3, 2))
     grad_tensor = torch.randn(4, requires_grad=True)
-    got_weight, got_grad_tensor = group.run_all("echo", (weight, grad_tensor))[0]
+    got_weight, got_grad_tensor = group.run_all(Echo.echo, (weight, grad_tensor))[0]
     assert type(got_weight) is torch.nn.Parameter and torch.equal(got_weight.detach(), weight.detach())
     assert got_grad_tensor.requires_grad and torch.equal(got_grad_tensor.detach(), grad_tensor.detach())
 
@@ -86,7 +86,7 @@ def test_what_torch_pickles_itself_keeps_its_kind(group):
 def test_received_tensors_are_writable_and_own_their_storage(group):
     base = torch.arange(8, dtype=torch.float32)
     view = base[2:6]
-    (doubled_base, doubled_view), pointers = group.run_all("doubled_in_place", [base, view])[0]
+    (doubled_base, doubled_view), pointers = group.run_all(Echo.doubled_in_place, [base, view])[0]
     # two views of one storage arrive as two tensors, each changed alone
     assert pointers[0] != pointers[1]
     assert torch.equal(doubled_base, base * 2)
@@ -111,7 +111,7 @@ def test_a_slice_sends_its_rows_not_the_whole_storage(group):
     big = torch.zeros(1000, 100)
     # the driver's messages (WorkerGroup installed the pickling here) and the worker's replies
     assert rows * row_bytes <= wire_bytes(big[:rows]) < rows * row_bytes + overhead
-    assert rows * row_bytes <= group.run_all("wire_bytes_of_a_slice", rows)[0] < rows * row_bytes + overhead
+    assert rows * row_bytes <= group.run_all(Echo.wire_bytes_of_a_slice, rows)[0] < rows * row_bytes + overhead
     # the driver's byte counts follow: the slice's own bytes, a tensor torch pickles itself its whole storage
     assert payload_bytes(big[:rows]) == rows * row_bytes
     assert payload_bytes(big.requires_grad_()[:rows]) == whole

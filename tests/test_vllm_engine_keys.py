@@ -13,7 +13,7 @@ import pytest
 import torch
 from helpers import prompt_batch, single_rank_vllm_world
 
-from easyr1.workers.rollout.base import SamplingSettings
+from easyr1.engines.base import SamplingSettings
 
 
 pytestmark = pytest.mark.slow
@@ -42,9 +42,9 @@ def language_norm_eps(worker) -> list[float]:
 
 def build_engine(model_dir: str, block_size: int | None = None, **keys: Any):
     """easyr1's vLLM engine on the tiny model, eager, with ``worker.rollout.block_size`` and other ``keys``."""
-    from easyr1.workers.rollout.vllm_rollout import VLLMRollout
+    from easyr1.engines.vllm_engine import VLLMEngine
 
-    return VLLMRollout(
+    return VLLMEngine(
         model_dir,
         model_dir,
         dtype=torch.float32,

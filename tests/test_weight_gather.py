@@ -77,7 +77,7 @@ def test_two_rank_gather_equals_the_all_at_once_gather(tiny_qwen2_5_vl_dir):
     group = WorkerGroup(GatherProbe, 2)
     try:
         for mixed in (False, True):
-            results = group.run_all("gather", str(tiny_qwen2_5_vl_dir), mixed)
+            results = group.run_all(GatherProbe.gather, str(tiny_qwen2_5_vl_dir), mixed)
             for result in results:
                 check_gathers(result, mixed)
             # both ranks get the same full weights

@@ -21,8 +21,8 @@ from torch.distributed.tensor import DTensor
 
 from easyr1.distributed.fsdp import data_parallel_mesh
 from easyr1.errors import ConfigError
-from easyr1.protocol import Batch
-from easyr1.workers.actor import ACTOR_FIELDS, forward_inputs
+from easyr1.protocol import ACTOR_FIELDS, Batch
+from easyr1.workers.actor import forward_inputs
 from easyr1.workers.hybrid_worker import HybridWorker
 
 
@@ -141,12 +141,12 @@ def demo_argv(model_dir, data_dir) -> list[str]:
 def test_override_config_reaches_actor_reference_and_hf_engine(worker):
     assert norm_eps(worker.actor.model) == {EPS}
     assert norm_eps(worker.ref.model) == {EPS}
-    assert norm_eps(worker.rollout.model) == {EPS}
+    assert norm_eps(worker.engine.model) == {EPS}
 
 
 def test_rollout_dtype_is_the_engine_dtype(worker):
     assert worker.precision.compute == torch.float32
-    assert {param.dtype for param in worker.rollout.model.parameters()} == {torch.bfloat16}
+    assert {param.dtype for param in worker.engine.model.parameters()} == {torch.bfloat16}
 
 
 def test_disable_tqdm_false_shows_the_engine_progress_bar(worker, tiny_qwen2_5_vl_dir, tiny_dataset_dir, capsys):
@@ -156,12 +156,12 @@ def test_disable_tqdm_false_shows_the_engine_progress_bar(worker, tiny_qwen2_5_v
     capsys.readouterr()
     worker.generate(prompts, sampling)
     assert "generate" in capsys.readouterr().err
-    worker.rollout.show_progress = False
+    worker.engine.show_progress = False
     try:
         worker.generate(prompts, sampling)
         assert "generate" not in capsys.readouterr().err
     finally:
-        worker.rollout.show_progress = True
+        worker.engine.show_progress = True
 
 
 def test_enable_full_shard_false_keeps_blocks_gathered_until_backward(worker, batch):

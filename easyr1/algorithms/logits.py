@@ -24,6 +24,21 @@ DEFAULT_CHUNK_TOKENS = 1024
 logger = logging.getLogger(__name__)
 
 
+# Vision placeholder tokens are never sampled: a generated ``<|image_pad|>`` would make the next forward see more
+# image tokens than images. Rollout engines add this bias to their logits, and so does the actor, so that both
+# score the same distribution (vLLM clamps logit biases to [-100, 100]).
+BANNED_TOKEN_BIAS = -100.0
+
+
+def banned_token_bias(vocab_size: int, banned_token_ids: list[int], dtype: torch.dtype) -> torch.Tensor | None:
+    """(V,) additive logit bias that rules out ``banned_token_ids`` (``None`` when there are none)."""
+    if not banned_token_ids:
+        return None
+    bias = torch.zeros(vocab_size, dtype=dtype)
+    bias[list(banned_token_ids)] = BANNED_TOKEN_BIAS
+    return bias
+
+
 def _compute_dtype(logits: torch.Tensor) -> torch.dtype:
     # Half-precision logits are upcast; float64 stays float64 so that references in tests can be exact.
     return torch.float64 if logits.dtype == torch.float64 else torch.float32

@@ -97,7 +97,13 @@ class FSDPConfig:
     enable_cpu_offload: bool = option(
         False, "FSDP keeps parameters, gradients and optimizer states in host memory (a no-op on a CPU device)"
     )
-    enable_rank0_init: bool = option(False, "load weights on rank 0 only and broadcast them")
+    enable_rank0_init: bool = option(True, "load weights on rank 0 only and broadcast them")
+    use_orig_params: bool = option(
+        False,
+        "EasyR1's FSDP1 switch from flat parameters to the original ones (it sets it itself for a frozen vision "
+        "tower); FSDP2 always shards the original parameters",
+        compatibility_only=True,
+    )
     torch_dtype: str | None = option(
         None,
         "dtype of the stored (master) weights, gradients and optimizer states (null: fp32 for actor and critic; "
@@ -155,19 +161,21 @@ class ActorConfig:
         "reward, take the old log-probs from the update's own forward instead of a separate pass (false: always run "
         "the separate pass)",
     )
-    padding_free: bool = option(False, "pack each micro-batch into one row without padding (same values)")
+    padding_free: bool = option(True, "pack each micro-batch into one row without padding (same values)")
     share_prompt: bool = option(
         True,
         "lay out the prompt of a micro-batch's samples that share it once (implies padding_free's packing; same "
         "values; sdpa or eager attention, else padding-free packing)",
     )
     dynamic_batching: bool = option(
-        False, "micro-batches of near-equal token count, as many as micro_batch_size full-length rows would need"
+        True, "micro-batches of near-equal token count, as many as micro_batch_size full-length rows would need"
     )
     ulysses_size: int = option(
         1, "Ulysses sequence-parallel group size: only 1 (not implemented)", compatibility_only=True
     )
-    use_torch_compile: bool = option(False, "compile the log-prob computation with torch.compile")
+    use_torch_compile: bool = option(
+        True, "compile the log-prob computation with torch.compile (CUDA only; on CPU a notice, then eager)"
+    )
     entropy_coeff: float = option(0.0, "weight of the entropy bonus in the policy loss")
     tau_positive: float = option(1.0, "SAPO gate temperature for tokens with a non-negative advantage")
     tau_negative: float = option(1.05, "SAPO gate temperature for tokens with a negative advantage")
@@ -175,6 +183,12 @@ class ActorConfig:
     optim: OptimConfig = section(OptimConfig, "the optimizer")
     fsdp: FSDPConfig = section(FSDPConfig, "FSDP sharding of the actor")
     offload: OffloadConfig = section(OffloadConfig, "CPU offloading of the actor")
+    global_batch_size_per_device: int = option(
+        -1,
+        "EasyR1's samples per worker in one update, set by its workers (-1 in its dumps); here always "
+        "global_batch_size * n / workers",
+        compatibility_only=True,
+    )
     disable_kl: bool = mirror(False, "algorithm.disable_kl")
     use_kl_loss: bool = mirror(False, "algorithm.use_kl_loss")
     kl_penalty: str = mirror("kl", "algorithm.kl_penalty")
@@ -191,11 +205,11 @@ class RefConfig:
     micro_batch_size_per_device_for_experience: int = mirror(
         16, "worker.actor.micro_batch_size_per_device_for_experience"
     )
-    padding_free: bool = mirror(False, "worker.actor.padding_free")
+    padding_free: bool = mirror(True, "worker.actor.padding_free")
     share_prompt: bool = mirror(True, "worker.actor.share_prompt")
-    dynamic_batching: bool = mirror(False, "worker.actor.dynamic_batching")
+    dynamic_batching: bool = mirror(True, "worker.actor.dynamic_batching")
     ulysses_size: int = mirror(1, "worker.actor.ulysses_size")
-    use_torch_compile: bool = mirror(False, "worker.actor.use_torch_compile")
+    use_torch_compile: bool = mirror(True, "worker.actor.use_torch_compile")
 
 
 @dataclass
@@ -212,11 +226,36 @@ class CriticConfig:
     micro_batch_size_per_device_for_experience: int = option(16, "samples per forward pass computing values")
     max_grad_norm: float = option(1.0, "gradient norm clipping threshold")
     cliprange_value: float = option(0.5, "values may move at most this far from the rollout's values per update")
+    loss_avg_mode: str = option(
+        "token",
+        "EasyR1's averaging of the value loss (token or seq); the critic here always averages over tokens "
+        "(token-mean, EasyR1's token)",
+        compatibility_only=True,
+    )
     ppo_epochs: int = option(1, "passes over each rollout batch")
+    padding_free: bool = option(
+        False,
+        "EasyR1 packs the critic's micro-batches when true; the critic here always pads them (same values)",
+        compatibility_only=True,
+    )
+    dynamic_batching: bool = option(
+        True,
+        "EasyR1's token-count micro-batches for the critic; the critic here always splits fixed-size micro-batches",
+        compatibility_only=True,
+    )
+    ulysses_size: int = option(
+        1, "Ulysses sequence-parallel group size of the critic: only 1 (not implemented)", compatibility_only=True
+    )
     model: ModelConfig = section(ModelConfig, "the value model's backbone (null model_path: the actor's)")
     optim: OptimConfig = section(OptimConfig, "the critic's optimizer")
     fsdp: FSDPConfig = section(FSDPConfig, "FSDP sharding of the critic")
     offload: OffloadConfig = section(OffloadConfig, "CPU offloading of the critic")
+    global_batch_size_per_device: int = option(
+        -1,
+        "EasyR1's samples per worker in one critic update, set by its workers (-1 in its dumps); here always "
+        "global_batch_size * n / workers",
+        compatibility_only=True,
+    )
 
 
 # Value rules of single keys, relative to ``worker.actor``.

@@ -19,8 +19,8 @@ from easyr1.config.data import DataConfig
 from easyr1.config.env import EnvConfig
 from easyr1.config.rollout import RolloutConfig
 from easyr1.config.trainer import TrainerConfig
+from easyr1.engines import ENGINES, engine_traits
 from easyr1.errors import ConfigError
-from easyr1.workers.rollout.engines import ROLLOUT_ENGINES, supports_tensor_parallel
 
 
 def _largest_divisor_up_to(number: int, limit: int) -> int:
@@ -35,7 +35,7 @@ def _estimator_needs(name: str) -> EstimatorNeeds:
 
 def _tensor_parallel(engine: str) -> bool:
     """Whether the named engine runs over a tensor-parallel group; False for an unknown name (reported apart)."""
-    return engine in ROLLOUT_ENGINES and supports_tensor_parallel(engine)
+    return engine in ENGINES and engine_traits(engine).tensor_parallel
 
 
 def check_sizes(
@@ -53,7 +53,7 @@ def check_sizes(
     ``num_workers`` replaces ``trainer.nnodes * trainer.n_gpus_per_node`` when the caller knows the real count.
     """
     if num_workers is None:
-        workers = trainer.nnodes * trainer.n_gpus_per_node
+        workers = trainer.world_size
         who = f"the {workers} workers (trainer.nnodes={trainer.nnodes} * trainer.n_gpus_per_node="
         who += f"{trainer.n_gpus_per_node})"
     else:
@@ -134,14 +134,21 @@ def check_sizes(
             "micro_batch_size_per_device_for_update / _for_experience, and "
             "worker.actor.model.enable_gradient_checkpointing=true"
         )
+    if needs.critic and critic.ulysses_size != 1:
+        problems.append(
+            f"worker.critic.ulysses_size={critic.ulysses_size}: Ulysses sequence parallelism is not implemented; set "
+            "worker.critic.ulysses_size=1 and fit long sequences with smaller "
+            "worker.critic.micro_batch_size_per_device_for_update / _for_experience and "
+            "worker.critic.model.enable_gradient_checkpointing=true"
+        )
     nodes, per_node, tp = trainer.nnodes, trainer.n_gpus_per_node, rollout.tensor_parallel_size
     if nodes > 1 and per_node >= 1 and tp >= 1 and per_node % tp:
         problems.append(
             f"worker.rollout.tensor_parallel_size={tp} does not divide trainer.n_gpus_per_node={per_node}: with "
             f"trainer.nnodes={nodes} a tensor-parallel group would span two nodes; use a size that divides {per_node}"
         )
-    if rollout.name in ROLLOUT_ENGINES and not supports_tensor_parallel(rollout.name) and size != 1:
-        engines = " or ".join(name for name in ROLLOUT_ENGINES.names() if supports_tensor_parallel(name))
+    if rollout.name in ENGINES and not engine_traits(rollout.name).tensor_parallel and size != 1:
+        engines = " or ".join(name for name in ENGINES.names() if engine_traits(name).tensor_parallel)
         problems.append(
             f"worker.rollout.tensor_parallel_size={size} needs worker.rollout.name={engines}; "
             f"the {rollout.name} engine keeps a whole model per worker: set tensor_parallel_size=1"

@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import functools
 import os
+import re
 import typing
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -43,6 +44,11 @@ _RENAMED_KEYS = {
     "worker.reward.score_function": "worker.reward.reward_function",
     "worker.reward.score_function_kwargs": "worker.reward.reward_function_kwargs",
 }
+
+
+# EasyR1's console logger prints the config with yaml.dump, which tags its tuples (trainer.logger, optim.betas) as
+# python objects; a safe YAML loader refuses the tag, and the list under it is all that is needed.
+_PYTHON_TUPLE_TAG = re.compile(r"!!python/tuple\b")
 
 
 @functools.cache
@@ -128,7 +134,8 @@ def _read_yaml(path: str) -> Mapping:
         where = "" if os.path.isabs(path) else f" (looked for {os.path.abspath(path)})"
         raise ConfigError(f"config file '{path}' not found{where}; check config=PATH")
     try:
-        loaded = OmegaConf.load(path)
+        with open(path, encoding="utf-8") as file:
+            loaded = OmegaConf.create(_PYTHON_TUPLE_TAG.sub("", file.read()))
     except (yaml.YAMLError, OmegaConfBaseException, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file '{path}' is not valid YAML: {exc}") from None
     if not isinstance(loaded, DictConfig):

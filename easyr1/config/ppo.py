@@ -27,9 +27,15 @@ from easyr1.config.algorithm import ALGORITHM_RANGES, AlgorithmConfig, check_alg
 from easyr1.config.checks import check_estimator_env, check_sizes, model_problems, read_model_config
 from easyr1.config.data import DATA_RANGES, DataConfig, check_data_pairs
 from easyr1.config.env import ENV_RANGES, EnvConfig, check_env_names
-from easyr1.config.fields import get_key, iter_fields, mirror_source, section, set_key
+from easyr1.config.fields import get_key, iter_fields, mirror_source, option, section, set_key
 from easyr1.config.paths import absolute, resolve_dataset, resolve_function, resolve_path
-from easyr1.config.reward import REWARD_RANGES, RewardConfig, check_reward_function, check_reward_names
+from easyr1.config.reward import (
+    REWARD_RANGES,
+    RewardConfig,
+    check_reward_function,
+    check_reward_names,
+    join_reward_function_name,
+)
 from easyr1.config.rollout import ROLLOUT_RANGES, RolloutConfig, check_rollout_names, check_val_override
 from easyr1.config.rules import check_ranges, prefixed
 from easyr1.config.trainer import TRAINER_RANGES, TrainerConfig, check_trainer_names
@@ -40,6 +46,11 @@ from easyr1.errors import ConfigError
 class WorkerConfig:
     """Everything that runs on the workers."""
 
+    hybrid_engine: bool = option(
+        True,
+        "EasyR1's actor, rollout and reference in one worker group (it implements nothing else); always so here",
+        compatibility_only=True,
+    )
     actor: ActorConfig = section(ActorConfig, "the policy being trained")
     critic: CriticConfig = section(CriticConfig, "the value model (PPO with GAE only)")
     ref: RefConfig = section(RefConfig, "the reference policy")
@@ -63,7 +74,7 @@ class PPOConfig:
     @property
     def world_size(self) -> int:
         """The number of workers: ``trainer.nnodes * trainer.n_gpus_per_node``."""
-        return self.trainer.nnodes * self.trainer.n_gpus_per_node
+        return self.trainer.world_size
 
     def fill_derived(self) -> None:
         """Fill the derived fields: mirrors, aliases, default names and absolute local paths.
@@ -84,6 +95,7 @@ class PPOConfig:
         data.image_dir = absolute(data.image_dir)
         model.model_path = resolve_path(model.model_path)
         model.tokenizer_path = resolve_path(model.tokenizer_path) if model.tokenizer_path else model.model_path
+        join_reward_function_name(reward)  # EasyR1's dumps split 'file.py:name' into two keys
         reward.reward_function = resolve_function(reward.reward_function)
         self.env.env_class = resolve_function(self.env.env_class)
         if self.worker.critic.global_batch_size is None:
@@ -99,10 +111,31 @@ class PPOConfig:
         trainer.load_checkpoint_path = absolute(trainer.load_checkpoint_path)
         trainer.log_dir = absolute(trainer.log_dir) if trainer.log_dir else trainer.save_checkpoint_path
 
+    def settle(self, training_steps: int, device: str) -> list[str]:
+        """Fill in what is known only once the data is read and the cluster joined, before any worker starts.
+
+        ``worker.actor.optim.training_steps`` and the critic's become the run's steps, ``trainer.device``
+        the device ``auto`` resolved to; an agent run with ``env.context=full`` turns ``worker.actor.share_prompt`` off
+        (a trajectory's images sit in its response region too, which a prompt shared by a group cannot carry). The
+        builder calls this once: the config every worker gets, the trackers record and each checkpoint saves is the
+        settled one. Returns a notice per setting it changed that the user had set otherwise.
+        """
+        notices = []
+        self.trainer.device = device
+        self.worker.actor.optim.training_steps = training_steps
+        self.worker.critic.optim.training_steps = training_steps  # the critic is updated in the same steps
+        if self.env.enabled and self.env.context == "full" and self.worker.actor.share_prompt:
+            self.worker.actor.share_prompt = False
+            notices.append(
+                "worker.actor.share_prompt is off for agent runs with env.context=full (observations hold images)"
+            )
+        self.fill_derived()
+        return notices
+
     def validate(self, num_workers: int | None = None) -> None:
         """Check the values and their combinations; raise :class:`ConfigError` listing every problem found.
 
-        ``num_workers`` replaces ``trainer.nnodes * trainer.n_gpus_per_node`` when the caller knows the real count.
+        ``num_workers`` replaces :attr:`world_size` when the caller knows the real count.
         """
         problems = validation_problems(self, num_workers)
         if len(problems) == 1:
@@ -153,7 +186,12 @@ def validation_problems(config: PPOConfig, num_workers: int | None) -> list[str]
         ("worker.critic.fsdp", worker.critic.fsdp),
     ]
     check_fsdp_dtypes(fsdp_sections, problems)
-    world = num_workers if num_workers is not None else config.trainer.nnodes * config.trainer.n_gpus_per_node
+    world = num_workers if num_workers is not None else config.world_size
+    if config.trainer.single_process and world != 1:
+        problems.append(
+            f"trainer.single_process=true runs one worker in this process, but trainer.nnodes * "
+            f"trainer.n_gpus_per_node = {world}; set trainer.n_gpus_per_node=1 and trainer.nnodes=1"
+        )
     for key, fsdp in fsdp_sections:
         if fsdp.fsdp_size not in (-1, world):
             problems.append(

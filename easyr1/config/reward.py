@@ -1,6 +1,6 @@
 """The ``worker.reward`` section: the reward function that scores responses, with its checks.
 
-Reward types are the ones :mod:`easyr1.workers.reward` defines (``REWARD_TYPES``), the only list of them.
+Reward types are the ones :mod:`easyr1.reward.function` defines (``REWARD_TYPES``), the only list of them.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from typing import Any
 
 from easyr1.config.fields import option
 from easyr1.config.rules import AT_LEAST_ONE, one_of
-from easyr1.workers.reward import REWARD_TYPES
+from easyr1.errors import ConfigError
+from easyr1.reward.function import REWARD_TYPES
 
 
 @dataclass
@@ -27,16 +28,49 @@ class RewardConfig:
     reward_function_kwargs: dict[str, Any] = option({}, "extra keyword arguments passed to the reward function")
     skip_special_tokens: bool = option(True, "drop special tokens when decoding responses for scoring")
     num_cpus: int = option(1, "CPUs reserved for the reward computation")
+    reward_function_name: str | None = option(
+        None,
+        "the function in reward_function's file, EasyR1's split form (its dumps): joined into 'file.py:name'",
+        alias_for="worker.reward.reward_function",
+    )
 
 
 # Value rules of single keys, relative to ``worker.reward``.
 REWARD_RANGES = {"num_cpus": AT_LEAST_ONE}
 
 
+def join_reward_function_name(reward: RewardConfig) -> None:
+    """Join EasyR1's split form (``reward_function`` the file, ``reward_function_name`` the function) into
+    ``file.py:function``, and clear the name so that only the joined key is shown and dumped.
+
+    A name without a file is left for :func:`check_reward_function` to report; a name that contradicts the one
+    after ``:`` in ``reward_function`` is an error.
+    """
+    name, function = reward.reward_function_name, reward.reward_function
+    if name is None or function is None:
+        return
+    if not name.isidentifier():
+        raise ConfigError(f"worker.reward.reward_function_name={name!r} must be a python function name")
+    path, colon, given = function.rpartition(":")
+    if colon and given.isidentifier() and given != name:
+        raise ConfigError(
+            f"worker.reward.reward_function={function!r} names the function {given!r} but "
+            f"worker.reward.reward_function_name={name!r}; set one of them (e.g. reward_function={path}:{name})"
+        )
+    if not (colon and given.isidentifier()):
+        reward.reward_function = f"{function}:{name}"
+    reward.reward_function_name = None
+
+
 def check_reward_function(reward: RewardConfig, problems: list[str]) -> None:
     """The reward function must be given, as a python file (and optionally a function name)."""
     function = reward.reward_function
-    if function is None:
+    if function is None and reward.reward_function_name is not None:
+        problems.append(
+            f"worker.reward.reward_function_name={reward.reward_function_name!r} names a function but "
+            "worker.reward.reward_function (its file) is not set; pass worker.reward.reward_function=FILE.py"
+        )
+    elif function is None:
         problems.append("worker.reward.reward_function is not set; pass worker.reward.reward_function=FILE.py:FUNC")
     elif not re.search(r"\.py(:\w+)?$", function):
         problems.append(f"worker.reward.reward_function={function!r} must name a python file: 'path/to/file.py:func'")

@@ -1,6 +1,6 @@
 """The ``worker.rollout`` section: the generation engine and its sampling settings, with their checks.
 
-Engine names are checked against :data:`easyr1.workers.rollout.ROLLOUT_ENGINES` (importing it imports no engine).
+Engine names are checked against :data:`easyr1.engines.ENGINES` (importing it imports no engine library).
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from easyr1.config.rules import (
     POSITIVE_OR_NULL,
     one_of,
 )
-from easyr1.workers.rollout.engines import ROLLOUT_ENGINES
+from easyr1.engines import ENGINES
 
 
 @dataclass
 class RolloutConfig:
     """The generation engine that samples responses."""
 
-    name: str = option("vllm", f"engine: {', '.join(ROLLOUT_ENGINES.names())}")
+    name: str = option("vllm", f"engine: {', '.join(ENGINES.names())}")
     n: int = option(5, "responses sampled per prompt")
     temperature: float = option(1.0, "sampling temperature")
     top_p: float = option(1.0, "nucleus sampling threshold")
@@ -86,7 +86,7 @@ ROLLOUT_RANGES = {
 
 def check_rollout_names(rollout: RolloutConfig, problems: list[str]) -> None:
     """The engine name (a registered engine) and the engine's dtype name."""
-    one_of(problems, "worker.rollout.name", rollout.name, ROLLOUT_ENGINES.names())
+    one_of(problems, "worker.rollout.name", rollout.name, ENGINES.names())
     if rollout.dtype is not None:
         one_of(problems, "worker.rollout.dtype", rollout.dtype, DTYPE_NAMES)
 

@@ -29,7 +29,7 @@ class TrainerConfig:
     total_epochs: int = option(15, "passes over the training data")
     max_steps: int | None = option(None, "stop after this many steps (null: total_epochs decides)")
     project_name: str = option("easy_r1", "project name for loggers and the checkpoint path")
-    experiment_name: str = option("easyr1", "experiment name for loggers and the checkpoint path")
+    experiment_name: str = option("demo", "experiment name for loggers and the checkpoint path")
     logger: list[str] = option(["console", "file"], f"loggers: any of {', '.join(TRACKERS)}")
     nnodes: int = option(1, "number of machines")
     n_gpus_per_node: int = option(8, "workers per machine: one per GPU, or CPU worker processes on a CPU machine")
@@ -44,7 +44,7 @@ class TrainerConfig:
     val_freq: int = option(-1, "validate every this many steps (-1: never)")
     val_before_train: bool = option(True, "validate before the first step")
     val_only: bool = option(False, "validate and stop without training")
-    val_generations_to_log: int = option(3, "validation samples shown in the logs")
+    val_generations_to_log: int = option(0, "validation samples shown in the logs")
     rollouts_to_log: int = option(2, "prompts (with all their responses and images) kept for the report's viewer")
     rollout_log_freq: int = option(10, "keep rollouts every this many steps (and at the first step)")
     save_freq: int = option(-1, "save a checkpoint every this many steps (-1: only after the last step)")
@@ -52,8 +52,16 @@ class TrainerConfig:
     save_model_only: bool = option(False, "save the model weights only (smaller, but training cannot resume from it)")
     save_checkpoint_path: str | None = option(None, "checkpoint directory (null: checkpoints/<project>/<experiment>)")
     load_checkpoint_path: str | None = option(None, "a global_step_N directory to resume from")
+    ray_timeline: str | None = option(
+        None, "file the driver writes Ray's task timeline to at the end of the run (chrome://tracing JSON; null: none)"
+    )
     find_last_checkpoint: bool = option(True, "resume from the latest checkpoint in save_checkpoint_path if any")
     device: str = option("auto", f"device: {', '.join(DEVICES)} (auto: cuda when available)")
+    single_process: bool = option(
+        False,
+        "run the whole loop in this one Python process, without Ray (one worker: n_gpus_per_node=1, nnodes=1): "
+        "for stepping through train_step in a debugger",
+    )
     peak_flops_per_device: float | None = option(
         None,
         "peak FLOP/s of one worker's device for perf/mfu (null: the GPU's data-sheet bf16 figure, or on CPU a "
@@ -70,6 +78,11 @@ class TrainerConfig:
         "worker.rollout.seed)",
     )
     log_dir: str | None = option(None, "directory of the file logger (null: save_checkpoint_path)")
+
+    @property
+    def world_size(self) -> int:
+        """The number of workers: ``nnodes * n_gpus_per_node``."""
+        return self.nnodes * self.n_gpus_per_node
 
 
 # Value rules of single keys, relative to ``trainer``.

@@ -30,6 +30,7 @@ from easyr1.data.vision import (
     vision_bounds,
 )
 from easyr1.errors import DataError
+from easyr1.models.loading import load_model_config, pad_token_id
 from easyr1.models.rope import MRopeSettings, is_mrope_config, prompt_position_ids
 
 
@@ -243,7 +244,7 @@ class RLDataset(torch.utils.data.Dataset):
         self.video_fps = float(video_fps)
         self.template = load_format_prompt(format_prompt)
         self.chat_template = load_chat_template(override_chat_template)
-        self.pad_token_id = self._pad_token_id(tokenizer)
+        self.pad_token_id = pad_token_id(tokenizer)
         has_template = any(getattr(owner, "chat_template", None) for owner in (tokenizer, processor))
         if self.chat_template is None and not has_template:
             raise DataError(
@@ -291,20 +292,9 @@ class RLDataset(torch.utils.data.Dataset):
         return cls(data_files, tokenizer, processor, model_config=model_config, **options)
 
     @staticmethod
-    def _pad_token_id(tokenizer: Any) -> int:
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        if pad is None:
-            raise DataError(
-                f"the tokenizer of {getattr(tokenizer, 'name_or_path', 'the model')} has no pad or eos token"
-            )
-        return int(pad)
-
-    @staticmethod
     def _mrope_settings(model_config: Any, tokenizer: Any) -> MRopeSettings | None:
-        if model_config is None:
-            from transformers import AutoConfig
-
-            model_config = AutoConfig.from_pretrained(tokenizer.name_or_path)
+        if model_config is None:  # the tokenizer's directory is the model's (tests build datasets this way)
+            model_config = load_model_config(tokenizer.name_or_path)
         return MRopeSettings.from_model_config(model_config) if is_mrope_config(model_config) else None
 
     # ------------------------------------------------------------------ checks done once, up front

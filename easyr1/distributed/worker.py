@@ -3,12 +3,17 @@
 A worker learns its rank, the world size and the rendezvous address from the :class:`WorkerGroup`
 and joins the process group (gloo on CPU; on GPU nccl for device tensors plus gloo for host tensors).
 Subclasses add the actual work. Nothing here imports Ray at module level, so a worker can also be driven
-in-process without it (``tests/gpu/inprocess.py``).
+in-process without it (:class:`~easyr1.distributed.local_group.LocalWorkerGroup`).
+
+The driver names the worker methods it calls by reference (``group.run_split(HybridWorker.generate, batch, ...)``):
+a reader and an IDE follow the call into the worker, and :func:`method_name` refuses anything that is not one of the
+worker class's own methods before a call is made.
 """
 
 import logging
 import os
 import socket
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -41,8 +46,24 @@ def uses_cuda(backend: str) -> bool:
     return "nccl" in backend
 
 
+def method_name(worker_cls: type, method: Callable[..., Any]) -> str:
+    """The name of ``method``, a method of ``worker_cls`` passed by reference (``HybridWorker.generate``).
+
+    Raises:
+        TypeError: for a string, or a function that is not ``worker_cls``'s own attribute of that name.
+    """
+    name = getattr(method, "__name__", None)
+    # defined by the class or one of its bases (a subclass's override is then what runs, as in a plain call)
+    if not callable(method) or not any(vars(klass).get(name) is method for klass in worker_cls.__mro__):
+        raise TypeError(
+            f"{method!r} is not a method of {worker_cls.__name__}: pass the method itself, e.g. "
+            f"{worker_cls.__name__}.{name if isinstance(name, str) else 'generate'}"
+        )
+    return name
+
+
 class Worker:
-    """One rank of a process group, living in its own Ray actor process."""
+    """One rank of a process group, in its own Ray actor process or (one rank) in the driver's."""
 
     rank: int = 0
     world_size: int = 1
@@ -85,6 +106,11 @@ class Worker:
             world_size=world_size,
             timeout=timedelta(minutes=30),
         )
+
+    def close(self) -> None:
+        """Leave the process group (called when the worker lives in the driver's process and the run ends)."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
     def run_with_sample_cache(
         self, method: str, delivery: SampleDelivery, *args: Any, **kwargs: Any

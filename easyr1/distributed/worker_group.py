@@ -1,10 +1,13 @@
 """A group of Ray actors that act as the ranks of one torch process group.
 
-The driver calls methods on all workers at once, either broadcasting the same arguments
-(:meth:`WorkerGroup.run_all`) or splitting a :class:`~easyr1.protocol.Batch` into equal consecutive
-chunks, one per rank (:meth:`WorkerGroup.run_split`), and collects the results in rank order. Between
-:meth:`WorkerGroup.open_step` and :meth:`WorkerGroup.finish_step`, split calls send each sample's heavy fields to a
-rank once and the rank reuses them (``distributed/sample_cache.py``); every split call's bytes are counted.
+The driver calls worker methods, named by reference (``HybridWorker.generate``), on all workers at once, either
+broadcasting the same arguments (:meth:`WorkerGroup.run_all`) or splitting a :class:`~easyr1.protocol.Batch` into
+equal consecutive chunks, one per rank (:meth:`WorkerGroup.run_split`), and collects the results in rank order.
+Between :meth:`WorkerGroup.open_step` and :meth:`WorkerGroup.finish_step`, split calls send each sample's heavy fields
+to a rank once and the rank reuses them (``distributed/sample_cache.py``); every split call's bytes are counted.
+A worker that dies is reported as :class:`~easyr1.errors.WorkerLost` (its rank, node and the call) as soon as it is
+seen, without waiting for the ranks blocked in a collective with it.
+:class:`~easyr1.distributed.local_group.LocalWorkerGroup` has the same surface with one worker in this process.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,8 +36,8 @@ from easyr1.distributed.placement import (
 )
 from easyr1.distributed.sample_cache import SAMPLE_ID, SampleRouter, payload_bytes
 from easyr1.distributed.tensor_pickling import install as install_tensor_pickling
-from easyr1.distributed.worker import Worker
-from easyr1.errors import UserError
+from easyr1.distributed.worker import Worker, method_name
+from easyr1.errors import UserError, WorkerLost
 from easyr1.protocol import Batch
 
 
@@ -77,6 +81,7 @@ class WorkerGroup:
         if nnodes < 1 or num_workers % nnodes:
             raise ValueError(f"{num_workers} workers cannot be split evenly over {nnodes} nodes")
         install_tensor_pickling()  # what this driver sends; each worker installs it for its replies
+        self.worker_cls = worker_cls
         self.num_workers = num_workers
         self.nnodes = nnodes
         # the per-step record of which rank holds which sample's heavy fields; None: every call sends everything
@@ -92,6 +97,7 @@ class WorkerGroup:
         strategy = "STRICT_SPREAD" if nnodes > 1 else "PACK"
         self._placement = placement_group([dict(bundle) for _ in range(nnodes)], strategy=strategy)
         self.workers: list = []
+        self.addresses: list[str] = []
         started = time.monotonic()
         if not self._placement.wait(placement_timeout_s):
             available = ray.available_resources()
@@ -177,35 +183,67 @@ class WorkerGroup:
                 "it must be a shared filesystem (NFS, Lustre, ...) mounted at the same path on every node"
             )
 
-    def run_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Call ``method`` with the same arguments on every worker; results in rank order."""
-        return ray.get([getattr(worker, method).remote(*args, **kwargs) for worker in self.workers])
+    def run_all(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+        """Call ``method`` (a method of the worker class) with the same arguments on every worker; results in rank
+        order."""
+        name = method_name(self.worker_cls, method)
+        return self._gather([getattr(worker, name).remote(*args, **kwargs) for worker in self.workers], name)
 
-    def run_split(self, method: str, batch: Batch, *args: Any, **kwargs: Any) -> Any:
+    def run_split(self, method: Callable[..., Any], batch: Batch, *args: Any, pad: bool = False, **kwargs: Any) -> Any:
         """Give each worker one equal consecutive chunk of ``batch``; concatenate the returned batches in rank order.
 
-        Results that are not batches (metrics dicts, ...) come back as a list in rank order. Inside a step (see
-        :meth:`open_step`) with the sample cache on and a ``sample_id`` field in ``batch``, each rank gets a row's
-        heavy fields only if it does not hold them yet; the method still receives the complete chunk, and object
-        fields it returns unchanged are not sent back (the driver's copies take their place).
+        ``method`` is a method of the worker class, called with its chunk and ``args``. ``pad``: a batch whose size is
+        not a multiple of the workers gets its first rows repeated up to one, and the results of those rows are
+        dropped. Results that are not batches (metrics dicts, ...) come back as a list in rank order. Inside a step
+        (see :meth:`open_step`) with the sample cache on and a ``sample_id`` field in ``batch``, each rank gets a
+        row's heavy fields only if it does not hold them yet; the method still receives the complete chunk, and
+        object fields it returns unchanged are not sent back (the driver's copies take their place).
         """
+        name = method_name(self.worker_cls, method)
+        size = len(batch)
+        if pad and size % self.num_workers:
+            batch = Batch.concat([batch, batch.index(list(range(self.num_workers - size % self.num_workers)))])
         if self.router is not None and self.step_open and SAMPLE_ID in batch:
-            results, transfer = self._split_cached(method, batch, args, kwargs)
+            results, transfer = self._split_cached(name, batch, args, kwargs)
         else:
-            results, transfer = self._split_plain(method, batch, args, kwargs)
+            results, transfer = self._split_plain(name, batch, args, kwargs)
         transfer.bytes_to_workers += payload_bytes(args, kwargs) * self.num_workers
         self.bytes_to_workers += transfer.bytes_to_workers
         self.bytes_from_workers += transfer.bytes_from_workers
         self.transfers.append(transfer)
         if all(isinstance(result, Batch) for result in results):
-            return Batch.concat(results)
+            merged = Batch.concat(results)
+            return merged.index(slice(0, size)) if len(merged) != size else merged
         return results
+
+    def _gather(self, refs: list[ray.ObjectRef], phase: str) -> list[Any]:
+        """The results of one call on every rank, in rank order.
+
+        Waits for them one at a time, so that a rank that died is reported at once (:class:`WorkerLost`) rather than
+        after the others time out in a collective it will never join; a user error raised by a rank is re-raised as
+        it is (one message, no Ray traceback).
+        """
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(ready[0])
+            except ray.exceptions.RayActorError as error:
+                rank = refs.index(ready[0])
+                node = self.addresses[rank] if rank < len(self.addresses) else "?"
+                raise WorkerLost(rank, node, f"{self.worker_cls.__name__}.{phase}", type(error).__name__) from None
+            except ray.exceptions.RayTaskError as error:
+                if isinstance(error.cause, UserError):
+                    raise error.cause from None
+                raise
+        return ray.get(refs)
 
     def _split_plain(self, method: str, batch: Batch, args: tuple, kwargs: dict) -> tuple[list[Any], Transfer]:
         """Every rank gets its whole chunk (a slice; only its own rows travel, see ``tensor_pickling``)."""
         chunks = batch.chunk(self.num_workers)
-        results = ray.get(
-            [getattr(worker, method).remote(chunk, *args, **kwargs) for worker, chunk in zip(self.workers, chunks)]
+        results = self._gather(
+            [getattr(worker, method).remote(chunk, *args, **kwargs) for worker, chunk in zip(self.workers, chunks)],
+            method,
         )
         sent = sum(payload_bytes(chunk) for chunk in chunks)
         return results, Transfer(method, sent, sum(payload_bytes(result) for result in results))
@@ -213,11 +251,12 @@ class WorkerGroup:
     def _split_cached(self, method: str, batch: Batch, args: tuple, kwargs: dict) -> tuple[list[Any], Transfer]:
         """Every rank gets its chunk's light fields and the heavy fields of the rows it does not hold yet."""
         deliveries = self.router.deliveries(batch, self.num_workers)
-        replies = ray.get(
+        replies = self._gather(
             [
                 worker.run_with_sample_cache.remote(method, delivery, *args, **kwargs)
                 for worker, delivery in zip(self.workers, deliveries)
-            ]
+            ],
+            method,
         )
         rows_sent = {
             name: sum(len(delivery.sent[name][0]) for delivery in deliveries if name in delivery.sent)
@@ -257,7 +296,7 @@ class WorkerGroup:
     def _clear_sample_caches(self) -> None:
         if self.router is not None:
             self.router.reset()
-            self.run_all("clear_sample_cache")
+            self.run_all(Worker.clear_sample_cache)
 
     def shutdown(self) -> None:
         """Kill the actors and release their resources."""

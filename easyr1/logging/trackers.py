@@ -48,16 +48,49 @@ CONSOLE_KEYS = (
 )
 
 
-class ConsoleTracker:
-    """One line per step with the key numbers; everything else stays in the file tracker."""
+# Steps whose wall time the console's time-left estimate averages (recent ones: later steps can be longer).
+RECENT_STEPS = 10
 
-    def __init__(self, print_fn=print) -> None:
+
+def duration_text(seconds: float) -> str:
+    """``3h05m``, ``12m30s`` or ``45s``: a duration at the precision a person reads it."""
+    seconds = max(int(round(seconds)), 0)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+class ConsoleTracker:
+    """One line per step with the key numbers, ``step N/total`` and the time left; everything else stays in the file
+    tracker.
+
+    The time left is the mean wall time of the last :data:`RECENT_STEPS` steps (between consecutive lines: generation,
+    update, validation and checkpoints included) times the steps still to go; the first step of a process counts its
+    ``timing/step``.
+    """
+
+    def __init__(self, print_fn=print, total_steps: int | None = None, clock=time.monotonic) -> None:
         self._print = print_fn
+        self.total_steps = total_steps
+        self._clock = clock
+        self._last: float | None = None
+        self._recent: list[float] = []
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         """Print the step's headline metrics."""
-        parts = [f"step {step}"]
+        now = self._clock()
+        if step > 0 and self._last is not None:
+            self._recent = [*self._recent, now - self._last][-RECENT_STEPS:]
+        elif step > 0 and "timing/step" in metrics:
+            self._recent = [float(metrics["timing/step"])]
+        self._last = now
+        parts = [f"step {step}/{self.total_steps}" if self.total_steps else f"step {step}"]
         parts += [f"{label} {metrics[key]:.4g}" for key, label in CONSOLE_KEYS if key in metrics]
+        if self.total_steps and self._recent and step > 0:
+            left = (self.total_steps - step) * sum(self._recent) / len(self._recent)
+            parts.append(f"{duration_text(left)} left")
         self._print(" | ".join(parts), flush=True)
 
     def log_generations(self, samples: list[Mapping[str, Any]], step: int) -> None:
@@ -264,8 +297,10 @@ def build_trackers(
     project: str = "easyr1",
     experiment: str = "run",
     config: Mapping[str, Any] | None = None,
+    total_steps: int | None = None,
 ) -> list[Tracker]:
-    """Instantiate the trackers named in ``trainer.logger`` (``resume_step``: the run continues from that step).
+    """Instantiate the trackers named in ``trainer.logger`` (``resume_step``: the run continues from that step;
+    ``total_steps``: the run's length, which the console shows with each step and its time left).
 
     Optional libraries are imported only when selected; a missing one is a clear error with the install command.
     """
@@ -276,7 +311,7 @@ def build_trackers(
     trackers: list[Tracker] = []
     for name in names:
         if name == "console":
-            trackers.append(ConsoleTracker())
+            trackers.append(ConsoleTracker(total_steps=total_steps))
         elif name == "file":
             trackers.append(FileTracker(log_dir, resume_step=resume_step))
         else:

@@ -160,3 +160,14 @@ def load_tokenizer_and_processor(path: str, trust_remote_code: bool = False):
     if is_vision_language(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)):
         processor = AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
     return tokenizer, processor
+
+
+def pad_token_id(tokenizer: Any) -> int:
+    """The id that pads prompts and responses everywhere (dataset, engines, agent trajectories): the tokenizer's pad
+    token, or its end-of-sequence token when it has none (as transformers' ``generate`` does)."""
+    from easyr1.errors import DataError
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None:
+        raise DataError(f"the tokenizer of {getattr(tokenizer, 'name_or_path', 'the model')} has no pad or eos token")
+    return int(pad)

@@ -173,7 +173,7 @@ def make_plan(
     ``worker.critic.model.model_path`` names another one). ``prompt_fill`` / ``response_fill``: mean lengths as
     fractions of the maximum ones, for FLOPs and time only (memory is planned at the maximum lengths)."""
     trainer, data, worker = config.trainer, config.data, config.worker
-    world = trainer.nnodes * trainer.n_gpus_per_node
+    world = trainer.world_size
     kind = device.kind
     actor_params, actor_train = actor_trainable(size, worker.actor.model)
     states = {"actor": model_states("actor", worker.actor, size, kind, world, actor_train, actor_params)}

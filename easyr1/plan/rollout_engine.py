@@ -3,7 +3,7 @@
 On GPU vLLM claims ``gpu_memory_utilization`` of the device's memory for weights (``1 / tensor_parallel_size`` of the
 model at ``worker.rollout.dtype``), its non-KV overhead (:data:`VLLM_GPU_OVERHEAD_BYTES`) and the KV cache, which
 gets the rest; the engine sleeps (level 2: weights and cache released) outside generation. On CPU vLLM's cache is
-sized for the work (:func:`easyr1.workers.rollout.vllm_rollout.cpu_kv_cache_bytes`, or
+sized for the work (:func:`easyr1.engines.vllm_engine.cpu_kv_cache_bytes`, or
 ``worker.rollout.cpu_kv_cache_gb``) and nothing is released between rollouts. The HF engine keeps an unsharded
 copy of the model and a KV cache that grows with the rows it generates.
 """
@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
+from easyr1.engines.vllm_engine import cpu_kv_cache_bytes
 from easyr1.models.loading import resolve_dtype
 from easyr1.plan.model_size import ModelSize
 from easyr1.plan.states import dtype_bytes
-from easyr1.workers.rollout.vllm_rollout import cpu_kv_cache_bytes
 
 
 GIB = 2**30
@@ -62,7 +62,7 @@ def engine_dtype(config: Any, actor_compute: torch.dtype, device: str) -> torch.
 def plan_engine(config: Any, size: ModelSize, dtype: torch.dtype, device_kind: str, device_memory: int) -> EnginePlan:
     """The engine of one worker for ``config`` on a device of ``device_memory`` bytes."""
     rollout, data = config.worker.rollout, config.data
-    world = config.trainer.nnodes * config.trainer.n_gpus_per_node
+    world = config.world_size
     tp = rollout.tensor_parallel_size
     text = size.text
     element = dtype_bytes(dtype)

@@ -1,6 +1,10 @@
-"""Stages of a training step that the trainer drives: the rollout stage turns prompts into scored samples."""
+"""Rollout stages: what turns a step's prompts into scored samples for the trainer (``base.py``: the interface).
 
-from easyr1.stages.rollout import PendingRewards, Rollout, RolloutStage, SingleTurnRollout
+``single_turn.py``: one response per sample (DAPO refills, ReMax baselines, validation over ``data.val_files``);
+``multi_turn.py``: agents' episodes in environments; ``sampling.py``: sampling settings and seeds.
+"""
+
+from easyr1.stages.base import RolloutStage, ScoredSamples, Validation
 
 
-__all__ = ["PendingRewards", "Rollout", "RolloutStage", "SingleTurnRollout"]
+__all__ = ["RolloutStage", "ScoredSamples", "Validation"]

@@ -1,6 +1,6 @@
 """The multi-turn rollout stage: episodes in environments, each trajectory one training sequence.
 
-:class:`MultiTurnRollout` implements :class:`~easyr1.stages.rollout.RolloutStage` for agent runs (the ``env``
+:class:`MultiTurnStage` implements :class:`~easyr1.stages.base.RolloutStage` for agent runs (the ``env``
 section). A step's "prompts" are environment seeds (:class:`EpisodeSeeds`, one per group); every seed is played
 ``worker.rollout.n`` times. Turn by turn, every live episode of the step generates one turn on the workers (each
 gets an equal consecutive chunk of the live episodes, through the same ``generate`` as single-turn runs, so weight
@@ -18,7 +18,7 @@ its turn (-1 elsewhere); ``token_level_scores`` holds each turn's reward (the en
 is the sample's score for GRPO / RLOO / REINFORCE++ and PPO's GAE sees each reward where it was earned.
 
 With ``env.context=latest`` a turn is generated from the system prompt and its own observation only, and every turn
-is its own training row (:meth:`MultiTurnRollout.assemble_turn_rows`); the trainer gives all rows of an episode the
+is its own training row (:meth:`MultiTurnStage.assemble_turn_rows`); the trainer gives all rows of an episode the
 episode's advantage.
 
 Seeds: the environment seeds come from the step (through :class:`EpisodeSeeds`, saved with the checkpoint), the
@@ -43,15 +43,18 @@ from PIL import Image
 from easyr1.algorithms import place_turn_rewards
 from easyr1.config import PPOConfig
 from easyr1.data.vision import vision_bounds
-from easyr1.distributed import WorkerGroup
+from easyr1.engines import engine_traits
 from easyr1.envs import IMAGE_MARKER, Environment, Observation, build_environment
 from easyr1.errors import EnvError
 from easyr1.logging.timing import timed
+from easyr1.models.loading import pad_token_id
 from easyr1.models.rope import MRopeSettings, is_mrope_config, prompt_position_ids
 from easyr1.protocol import Batch
-from easyr1.stages.rollout import PendingRewards, Rollout, round_first_seed, sampling_settings
+from easyr1.reward import PendingRewards, Rewards
+from easyr1.stages.base import ScoredSamples, Validation
+from easyr1.stages.sampling import VALIDATION_ROUND, round_first_seed, sampling_settings, validation_overrides
 from easyr1.stages.turn_encoding import Piece, TurnEncoder
-from easyr1.workers.reward import Rewards
+from easyr1.workers.hybrid_worker import HybridWorker
 
 
 # Environment steps that take longer than this stop the run (an environment that hangs).
@@ -148,12 +151,10 @@ class Episode:
         return {key: torch.cat([part[key] for part in self.vision]) for key in self.vision[0]}
 
 
-class MultiTurnRollout:
+class MultiTurnStage:
     """Episodes in the configured environment, turn by turn on the workers' engines (see the module docstring)."""
 
-    def __init__(
-        self, config: PPOConfig, workers: WorkerGroup, tokenizer: Any, processor: Any, model_config: Any
-    ) -> None:
+    def __init__(self, config: PPOConfig, workers: Any, tokenizer: Any, processor: Any, model_config: Any) -> None:
         self.config, self.env, self.workers, self.tokenizer = config, config.env, workers, tokenizer
         has_images = processor is not None and getattr(processor, "image_processor", None) is not None
         bounds = vision_bounds(processor, config.data.min_pixels, config.data.max_pixels) if has_images else None
@@ -164,15 +165,16 @@ class MultiTurnRollout:
             chat_template = load_chat_template(config.data.override_chat_template)
         self.encoder = TurnEncoder(tokenizer, processor if has_images else None, bounds, chat_template)
         self.mrope = MRopeSettings.from_model_config(model_config) if is_mrope_config(model_config) else None
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.pad_token_id = int(pad)
+        self.pad_token_id = pad_token_id(tokenizer)
+        # what the engine reads of an observation's images: the images (vLLM) or the processed tensors (HF)
+        self.engine_reads_images = engine_traits(config.worker.rollout.name).reads_images
         self.full_context = config.env.context == "full"
         self.rows_per_sample = config.env.rows_per_episode
         self.samples_generated = 0
         self.steps = ThreadPoolExecutor(max_workers=1, thread_name_prefix="env-step")
 
     # -------------------------------------------------------------------------------------------- the interface
-    def collect(self, prompts: Batch, step: int) -> Rollout:
+    def collect(self, prompts: Batch, step: int) -> ScoredSamples:
         """``worker.rollout.n`` episodes per seed of ``prompts``, played to the end and scored by the environment."""
         n = self.config.worker.rollout.n
         seeds = [int(seed) for seed in prompts["env_seed"] for _ in range(n)]
@@ -184,20 +186,22 @@ class MultiTurnRollout:
         # a row's score: its episode's return, or (one row per turn) its turn's reward; success etc. are env/ metrics
         scores = batch["token_level_scores"].sum(dim=-1)
         rewards = Rewards({"overall": scores.tolist()})
-        return Rollout(batch, PendingRewards(rewards), episode_metrics(episodes, "env"), timings)
+        return ScoredSamples(batch, PendingRewards(rewards), episode_metrics(episodes, "env"), timings)
 
     def sampling(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
         """This run's sampling settings for one turn (``env.max_tokens_per_turn`` new tokens), with overrides."""
         return sampling_settings(self.config, {"max_tokens": self.env.max_tokens_per_turn, **(overrides or {})})
 
-    def validate(self, step: int, round_offset: int, sampling: dict[str, Any]) -> dict[str, float]:
-        """One episode per validation seed (``env.val_seed`` ...), played with ``sampling``; ``val/`` metrics."""
+    def validate(self, step: int) -> Validation:
+        """One episode per validation seed (``env.val_seed`` ...), played with ``worker.rollout.val_override_config``'s
+        sampling settings; ``val/`` metrics."""
+        _, overrides = validation_overrides(self.config)
         seeds = [self.env.val_seed + k for k in range(self.env.val_episodes)]
         uids = [f"val-{seed}" for seed in seeds]
-        episodes = self.play(seeds, uids, step, round_offset, sampling)
+        episodes = self.play(seeds, uids, step, VALIDATION_ROUND, self.sampling(overrides))
         metrics = episode_metrics(episodes, "val")
         metrics["val/reward_score"] = metrics["val/return"]
-        return metrics
+        return Validation(metrics)
 
     # --------------------------------------------------------------------------------------------- the episodes
     def play(
@@ -345,18 +349,14 @@ class MultiTurnRollout:
         return swapped
 
     def _generate(self, live: list[Episode], row_seeds: list[int], sampling: dict[str, Any]) -> Batch:
-        """One turn for every live episode on the workers (rows repeated up to a multiple of the worker count)."""
+        """One turn for every live episode on the workers (the group pads the rows to a multiple of the workers)."""
         batch = self._turn_prompts(live)
         batch["sample_seed"] = torch.tensor(row_seeds, dtype=torch.long)
-        size, workers = len(batch), self.workers.num_workers
-        if size % workers:
-            batch = Batch.concat([batch, batch.index(list(range(workers - size % workers)))])
         # the engines stay awake between turns (on GPU a sleep would discard the weights, and each turn resync them)
-        output = self.workers.run_split("generate", batch, sampling, stay_awake=True)
-        return output.index(list(range(size)))
+        return self.workers.run_split(HybridWorker.generate, batch, sampling, stay_awake=True, pad=True)
 
     def _sleep_engines(self) -> None:
-        self.workers.run_all("sleep_rollout")
+        self.workers.run_all(HybridWorker.sleep_engine)
 
     def _turn_prompts(self, live: list[Episode]) -> Batch:
         """The live episodes' contexts (see :meth:`_context`) as prompts, left-padded to the longest."""
@@ -375,11 +375,11 @@ class MultiTurnRollout:
             "raw_prompt_ids": [list(context.raw_ids) for context in contexts],
             "multi_modal_data": [{"images": list(context.images)} if context.images else {} for context in contexts],
         }
-        if self.config.worker.rollout.name == "hf":  # vLLM reads the images, the HF engine the processed tensors
+        if not self.engine_reads_images:
             non_tensors["multi_modal_inputs"] = vision
         return Batch(
             tensors={"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": positions},
-            non_tensors={key: np.array(values + [None], dtype=object)[:-1] for key, values in non_tensors.items()},
+            non_tensors=non_tensors,
         )
 
     def _positions(self, ids: torch.Tensor, mask: torch.Tensor, vision: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -452,10 +452,7 @@ class MultiTurnRollout:
                 "position_ids": position_ids,
                 "sample_id": sample_ids,
             },
-            non_tensors={
-                key: np.array(values + [None], dtype=object)[:-1]
-                for key, values in {**non_tensors, "multi_modal_inputs": vision}.items()
-            },
+            non_tensors={**non_tensors, "multi_modal_inputs": vision},
         )
 
     def assemble_turn_rows(self, episodes: list[Episode]) -> Batch:

@@ -128,6 +128,7 @@ def train(overrides: list[str]) -> tuple[Any, Path, list[dict[str, float]]] | No
     from easyr1.main import run
 
     try:
+        prepare_demo_assets(load_config(overrides, validate=False))
         run(overrides)
     except UserError as error:
         print(f"easyr1: error: {error}", file=sys.stderr)

@@ -1,10 +1,12 @@
-"""The demo's model and data, built on first use under ``.cache/demo``: what the CLI calls before training when a
-config points there, so that ``examples/config_cpu.yaml`` runs on a fresh checkout."""
+"""The demo's model and data, built on first use under ``.cache/demo``: the demo calls this before training, and
+``python -m easyr1.tools.demo_assets`` builds them for ``examples/config_cpu.yaml`` and
+``examples/config_agent_cpu.yaml`` (the CLI itself never builds anything)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -88,3 +90,15 @@ def ensure_agent_demo_model(root: str | Path = DEMO_ROOT) -> Path:
         Path(root) / "model" / AGENT_MODEL_NAME,
         lambda path: build_tiny_model(path, family="qwen2_5_vl", extra_words=ACTION_WORDS),
     )
+
+
+def main() -> int:
+    """Build the CPU demo's tiny models (single-turn and agent) and the shape data under ``.cache/demo``."""
+    model_dir, data_dir = ensure_demo_assets(DEMO_ROOT)
+    agent_dir = ensure_agent_demo_model(DEMO_ROOT)
+    print(f"demo assets: model {model_dir}, agent model {agent_dir}, data {data_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,7 +10,6 @@ mini-batch, so the update does not depend on the micro-batch size or the number 
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from contextlib import nullcontext
 from typing import Any
 
@@ -28,9 +27,9 @@ from easyr1.algorithms import (
     masked_mean,
     rollout_correction_weights,
 )
-from easyr1.algorithms.logits import compile_allowed
+from easyr1.algorithms.logits import banned_token_bias, compile_allowed
 from easyr1.models.vision_tower import vision_keepalive
-from easyr1.protocol import Batch
+from easyr1.protocol import Batch, merge_vision_inputs
 from easyr1.workers.packing import (
     packed_response_logits,
     prompt_group_units,
@@ -44,30 +43,6 @@ from easyr1.workers.ppo_update import MicroLoss, PPOUpdate
 
 
 logger = logging.getLogger(__name__)
-
-
-def merge_vision_inputs(rows: Any) -> dict[str, torch.Tensor]:
-    """Concatenate the per-sample processor outputs (``pixel_values``, ``image_grid_thw``, ...) of a micro-batch."""
-    merged: dict[str, list[torch.Tensor]] = defaultdict(list)
-    for row in rows:
-        for key, value in (row or {}).items():
-            merged[key].append(value)
-    return {key: torch.cat(values, dim=0) for key, values in merged.items()}
-
-
-# Vision placeholder tokens are never sampled: a generated ``<|image_pad|>`` would make the next forward see more
-# image tokens than images. Rollout engines add this bias to their logits, and so does the actor, so that both
-# score the same distribution (vLLM clamps logit biases to [-100, 100]).
-BANNED_TOKEN_BIAS = -100.0
-
-
-def banned_token_bias(vocab_size: int, banned_token_ids: list[int], dtype: torch.dtype) -> torch.Tensor | None:
-    """(V,) additive logit bias that rules out ``banned_token_ids`` (``None`` when there are none)."""
-    if not banned_token_ids:
-        return None
-    bias = torch.zeros(vocab_size, dtype=dtype)
-    bias[list(banned_token_ids)] = BANNED_TOKEN_BIAS
-    return bias
 
 
 def forward_inputs(micro_batch: Batch) -> dict[str, torch.Tensor]:
@@ -185,17 +160,6 @@ def computed_tokens(micro_batch: Batch, share_prompt: bool) -> int:
 
 
 _TEXT_INPUTS = ("input_ids", "attention_mask", "position_ids")
-# What the actor's (and critic's) forward reads from a batch; the rest (images for vLLM, strings) stays on the driver.
-# `sample_id` keys the rows in the workers' per-step cache (distributed/sample_cache.py).
-ACTOR_FIELDS = (
-    "input_ids",
-    "attention_mask",
-    "position_ids",
-    "responses",
-    "response_mask",
-    "multi_modal_inputs",
-    "sample_id",
-)
 
 
 def micro_batches(

@@ -1,4 +1,4 @@
-"""The hybrid worker: actor, reference and rollout engine of one rank, sharing one device.
+"""The hybrid worker: actor, reference, critic and rollout engine of one rank, sharing one device.
 
 The driver calls, in order each step: :meth:`generate` (syncs the actor's weights into the engine if
 they changed or the engine discarded them), :meth:`compute_experience` (the old log-probs, the reference's, the
@@ -10,9 +10,6 @@ ranks of one tensor-parallel group pool their shares, since they run one engine 
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -37,14 +34,15 @@ from easyr1.distributed.offload import Residency
 from easyr1.distributed.precision import Precision, resolve_precision
 from easyr1.distributed.tensor_parallel import TensorParallelGroup
 from easyr1.distributed.worker import Worker, device_type
+from easyr1.engines import EngineSetup, RolloutEngine, SamplingSettings, build_engine, engine_traits
 from easyr1.logging.perf import device_peak_flops, memory_metrics, model_flops_utilization
 from easyr1.models.loading import (
     DTYPES,
     build_empty_model,
     default_attn_implementation,
     load_model,
-    load_model_config,
     load_tokenizer_and_processor,
+    pad_token_id,
 )
 from easyr1.models.lora import adapter_config_of, apply_lora, lora_scaling, merged_weights
 from easyr1.models.vision_tower import freeze_vision_tower
@@ -52,10 +50,7 @@ from easyr1.protocol import Batch
 from easyr1.seeding import seed_everything
 from easyr1.workers.actor import Actor
 from easyr1.workers.critic import Critic, ValueModel
-from easyr1.workers.optim import build_optimizer
-from easyr1.workers.rollout.base import RolloutEngine, SamplingSettings
-from easyr1.workers.rollout.engines import EngineSetup, build_rollout_engine, supports_tensor_parallel
-from easyr1.workers.rollout.vllm_rollout import cpu_kv_cache_bytes
+from easyr1.workers.optim import build_lr_scheduler, build_optimizer
 
 
 def engine_dtype(name: str | None, actor_compute: torch.dtype) -> torch.dtype:
@@ -65,32 +60,15 @@ def engine_dtype(name: str | None, actor_compute: torch.dtype) -> torch.dtype:
     return DTYPES[name] if name is not None else actor_compute
 
 
-def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim: Any) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up, then constant or cosine decay to ``min_lr_ratio`` over ``optim.training_steps``."""
-    total = max(int(optim.training_steps), 1)
-    warmup = optim.lr_warmup_steps if optim.lr_warmup_steps is not None else int(optim.lr_warmup_ratio * total)
-    min_ratio = optim.min_lr_ratio if optim.min_lr_ratio is not None else 0.0
-
-    def factor(step: int) -> float:
-        if warmup > 0 and step < warmup:
-            return (step + 1) / warmup
-        if optim.lr_scheduler_type == "cosine":
-            progress = min((step - warmup) / max(total - warmup, 1), 1.0)
-            return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-        return 1.0
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
 class HybridWorker(Worker):
-    """One rank: FSDP2 actor + reference, and a rollout engine fed from the actor's weights."""
+    """One rank: FSDP2 actor, reference and critic, and a rollout engine fed from the actor's weights."""
 
     def __init__(self, config: Any) -> None:
         self.config = config
         self.actor: Actor | None = None
         self.ref: Actor | None = None
         self.critic: Critic | None = None
-        self.rollout = None
+        self.engine: RolloutEngine | None = None
         self.weights_stale = True
         # where each model's state lives between phases (worker.*.offload); see distributed/offload.py
         self.actor_residency: Residency | None = None
@@ -172,15 +150,16 @@ class HybridWorker(Worker):
             if residency is not None:
                 residency.release()  # off the device before the engine claims its memory
         # before the engine: vLLM creates its own groups next, and every rank must create groups in one order
-        engine_tensor_parallel = supports_tensor_parallel(config.worker.rollout.name)
+        engine_tensor_parallel = engine_traits(config.worker.rollout.name).tensor_parallel
         self.tensor_parallel = TensorParallelGroup(
             config.worker.rollout.tensor_parallel_size if engine_tensor_parallel else 1
         )
-        self.rollout = self._build_rollout(engine_dtype(config.worker.rollout.dtype, self.precision.compute))
-        if engine_tensor_parallel and self.rollout.tensor_parallel_ranks() != self.tensor_parallel.ranks:
+        self.engine = self._build_engine(engine_dtype(config.worker.rollout.dtype, self.precision.compute))
+        if engine_tensor_parallel and self.engine.tensor_parallel_ranks() != self.tensor_parallel.ranks:
             raise RuntimeError(
-                f"vLLM's tensor-parallel group {self.rollout.tensor_parallel_ranks()} differs from the prompt-sharing "
-                f"group {self.tensor_parallel.ranks}: the ranks of one engine would generate different prompts"
+                f"the engine's tensor-parallel group {self.engine.tensor_parallel_ranks()} differs from the "
+                f"prompt-sharing group {self.tensor_parallel.ranks}: the ranks of one engine would generate different "
+                "prompts"
             )
 
     def _sharded_model(
@@ -248,44 +227,24 @@ class HybridWorker(Worker):
         fsdp = critic_config.fsdp
         model = self._sharded_model(model_config, fsdp, precision, mesh, value_model, "worker.critic.fsdp")
         optim = critic_config.optim
-        if optim.training_steps <= 0:
-            # the trainer fills in the actor's step count; the critic is updated in the same steps
-            optim = dataclasses.replace(optim, training_steps=self.config.worker.actor.optim.training_steps)
         optimizer = build_optimizer((param for param in model.parameters() if param.requires_grad), optim)
         self.critic_residency = Residency.from_config(model, optimizer, self.device, critic_config.offload)
         return Critic(model, critic_config, optimizer, self.device, build_lr_scheduler(optimizer, optim))
 
-    def _build_rollout(self, dtype: torch.dtype) -> RolloutEngine:
+    def _build_engine(self, dtype: torch.dtype) -> RolloutEngine:
         """The engine registered as ``worker.rollout.name``, running in ``dtype`` (``worker.rollout.dtype``), with the
         actor's ``model.override_config``; rank 0's engine shows a progress bar unless ``disable_tqdm``."""
-        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         setup = EngineSetup(
             config=self.config,
             dtype=dtype,
-            pad_token_id=pad_id,
+            pad_token_id=pad_token_id(self.tokenizer),
             eos_token_ids=self._eos_ids(),
             banned_token_ids=self.banned_token_ids,
             device=self.device,
-            cpu_kv_cache_bytes=functools.partial(self._cpu_kv_cache_bytes, dtype),
             # one bar for the run: every rank generates an equal share at the same time
             show_progress=not self.config.worker.rollout.disable_tqdm and dist.get_rank() == 0,
         )
-        return build_rollout_engine(setup)
-
-    def _cpu_kv_cache_bytes(self, dtype: torch.dtype) -> int:
-        """``worker.rollout.cpu_kv_cache_gb``, or (null) enough for this engine's share of a rollout batch."""
-        config = self.config
-        rollout = config.worker.rollout
-        if rollout.cpu_kv_cache_gb is not None:
-            return int(rollout.cpu_kv_cache_gb * 2**30)
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        # the rows one engine generates at once: its data-parallel share, pooled over its tensor-parallel group
-        rows = -(-config.data.rollout_batch_size * rollout.n // world) * rollout.tensor_parallel_size
-        max_model_len = rollout.max_model_len or (config.data.max_prompt_length + config.data.max_response_length)
-        model = config.worker.actor.model
-        model_config = load_model_config(model.model_path, model.trust_remote_code, model.override_config)
-        text_config = getattr(model_config, "text_config", None) or model_config
-        return cpu_kv_cache_bytes(text_config, rows, max_model_len, dtype)
+        return build_engine(setup)
 
     def _eos_ids(self) -> list[int]:
         generation_eos = getattr(self.actor.model.generation_config, "eos_token_id", None)
@@ -294,10 +253,10 @@ class HybridWorker(Worker):
         return ids or [self.tokenizer.eos_token_id]
 
     # --------------------------------------------------------------------------------------------- per step
-    def sync_rollout_weights(self) -> float:
+    def sync_engine_weights(self) -> float:
         """Gather the actor's full weights and load them into the engine; returns the seconds it took.
 
-        The engine's weights must be awake (``rollout.wake_weights()``); collective over all ranks. The weights go
+        The engine's weights must be awake (``engine.wake_weights()``); collective over all ranks. The weights go
         one FSDP group at a time, in the actor's compute dtype (the engine casts them to its own); with LoRA the
         adapters are folded into the stored (fp32) master weights first and the result cast to the compute dtype.
         """
@@ -308,7 +267,7 @@ class HybridWorker(Worker):
             with gathered_parameters(self.actor.model, master_weights=lora) as named_parameters:
                 if lora:  # the engine gets plain weights with the adapters folded in
                     named_parameters = merged_weights(named_parameters, self.lora_scaling, self.precision.compute)
-                self.rollout.sync_weights(named_parameters)
+                self.engine.sync_weights(named_parameters)
         self.weights_stale = False
         return time.perf_counter() - start
 
@@ -319,18 +278,18 @@ class HybridWorker(Worker):
         The members of a tensor-parallel group generate their pooled rows together; each returns its own.
         Order: wake the weights, push the actor's weights if they changed or the engine discarded them in its
         last sleep, wake the KV cache, generate, sleep. ``stay_awake`` skips the sleep: a multi-turn stage generates
-        again at once (the next turn) and calls :meth:`sleep_rollout` after its last turn.
+        again at once (the next turn) and calls :meth:`sleep_engine` after its last turn.
         """
         rows, own_rows = self.tensor_parallel.gather_rows(prompts)
-        self.rollout.wake_weights()
-        needs_sync = self.weights_stale or self.rollout.weights_discarded
-        sync_seconds = self.sync_rollout_weights() if needs_sync else 0.0
-        self.rollout.wake_kv_cache()
+        self.engine.wake_weights()
+        needs_sync = self.weights_stale or self.engine.weights_discarded
+        sync_seconds = self.sync_engine_weights() if needs_sync else 0.0
+        self.engine.wake_kv_cache()
         start = time.perf_counter()
-        output = self.rollout.generate(rows, SamplingSettings(**sampling), rows["sample_seed"].tolist())
+        output = self.engine.generate(rows, SamplingSettings(**sampling), rows["sample_seed"].tolist())
         generate_seconds = time.perf_counter() - start
         if not stay_awake:
-            self.rollout.sleep()
+            self.engine.sleep()
         output = output.index(own_rows)
         # this rank's own objects, not the copies the tensor-parallel pooling made: the driver recognises unchanged
         # objects and does not take them back (distributed/sample_cache.py)
@@ -340,9 +299,9 @@ class HybridWorker(Worker):
         output.meta.update(sync_seconds=sync_seconds, generate_seconds=generate_seconds)
         return output
 
-    def sleep_rollout(self) -> None:
-        """Put the rollout engine to sleep (after generation calls made with ``stay_awake``)."""
-        self.rollout.sleep()
+    def sleep_engine(self) -> None:
+        """Put the engine to sleep (after generation calls made with ``stay_awake``)."""
+        self.engine.sleep()
 
     def compute_old_log_probs(self, batch: Batch, temperature: float) -> Batch:
         """The current policy's log-probs of the sampled responses (the PPO ratio's denominator)."""
@@ -477,6 +436,16 @@ class HybridWorker(Worker):
                 load_component(Path(step_dir) / "critic", critic.model, critic.optimizer, critic.lr_scheduler)
         self.weights_stale = True
         dist.barrier()
+
+    def close(self) -> None:
+        """Release the engine's state and this rank's process group (a worker in the driver's process; a Ray worker's
+        process ends instead)."""
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+        self.actor = self.ref = self.critic = None
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
     def residency(self) -> dict[str, dict[str, bool]]:
         """Whether each model's parameters and optimizer states are on the device now, and how often they moved."""

@@ -13,6 +13,7 @@ then stores the moments back in bf16. bf16 has fp32's exponent range, so squared
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -89,3 +90,20 @@ def build_optimizer(parameters: Iterable[torch.nn.Parameter], optim: Any) -> tor
     if optim.strategy == "adamw_bf16":
         return AdamWBf16(parameters, **settings)
     raise ValueError(f"unknown optim.strategy {optim.strategy!r}; use adamw or adamw_bf16")
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim: Any) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up, then constant or cosine decay to ``min_lr_ratio`` over ``optim.training_steps``."""
+    total = max(int(optim.training_steps), 1)
+    warmup = optim.lr_warmup_steps if optim.lr_warmup_steps is not None else int(optim.lr_warmup_ratio * total)
+    min_ratio = optim.min_lr_ratio if optim.min_lr_ratio is not None else 0.0
+
+    def factor(step: int) -> float:
+        if warmup > 0 and step < warmup:
+            return (step + 1) / warmup
+        if optim.lr_scheduler_type == "cosine":
+            progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+            return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

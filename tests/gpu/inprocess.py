@@ -26,10 +26,9 @@ from easyr1.data import RLDataset, collate_fn
 from easyr1.distributed.fsdp import full_tensor
 from easyr1.distributed.worker import pick_backend
 from easyr1.models.loading import load_model_config
-from easyr1.protocol import Batch
-from easyr1.workers.actor import ACTOR_FIELDS
+from easyr1.protocol import ACTOR_FIELDS, Batch
+from easyr1.reward import load_reward_function
 from easyr1.workers.hybrid_worker import HybridWorker
-from easyr1.workers.reward import load_reward_function
 
 
 REPO = Path(__file__).resolve().parents[2]

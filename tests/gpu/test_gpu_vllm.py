@@ -1,7 +1,7 @@
 """vLLM's sleep and wake in the hybrid engine, on a GPU: a level-2 sleep frees the engine's memory, and after it
 waking the weights, pushing the actor's weights, waking the KV cache and generating samples from the pushed weights.
 
-Drives one :class:`~easyr1.workers.rollout.vllm_rollout.VLLMRollout` in this process (one rank, no Ray) on the
+Drives one :class:`~easyr1.engines.vllm_engine.VLLMEngine` in this process (one rank, no Ray) on the
 tiny text model; the "actor" is a Hugging Face copy of the model whose weights are perturbed, so that only an
 engine that really received them matches its log-probs.
 """
@@ -19,8 +19,8 @@ if not torch.cuda.is_available():  # before importing vLLM, which takes seconds
     pytest.skip("needs a CUDA device", allow_module_level=True)
 pytest.importorskip("vllm")
 
+from easyr1.engines.base import SamplingSettings  # noqa: E402
 from easyr1.protocol import Batch  # noqa: E402
-from easyr1.workers.rollout.base import SamplingSettings  # noqa: E402
 
 
 PROMPTS = [[3, 17, 42, 99, 7], [5, 8, 13, 21, 34, 55, 89, 144], [11, 12]]
@@ -47,7 +47,7 @@ def engine(tiny_model_dir):
     """A one-rank NCCL process group and a bf16 vLLM engine on the tiny qwen2 text model."""
     import torch.distributed as dist
 
-    from easyr1.workers.rollout.vllm_rollout import VLLMRollout
+    from easyr1.engines.vllm_engine import VLLMEngine
 
     model_dir = tiny_model_dir("qwen2")
     with socket.socket() as sock:
@@ -56,7 +56,7 @@ def engine(tiny_model_dir):
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    rollout = VLLMRollout(
+    rollout = VLLMEngine(
         str(model_dir),
         str(model_dir),
         dtype=torch.bfloat16,

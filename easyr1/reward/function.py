@@ -7,33 +7,26 @@ how it is called and ``worker.reward.reward_function_kwargs`` are passed as keyw
 * ``REWARD_TYPE = "batch"`` (the default, as in EasyR1): ``fn(list_of_inputs, **kwargs) -> list_of_scores``;
 * ``REWARD_TYPE = "sequential"``: ``fn(one_input, **kwargs) -> one_score``.
 
-Each input is a dict (:func:`build_reward_inputs`) with ``response`` (decoded text), ``response_length`` (tokens),
-``ground_truth``, ``prompt`` (the prompt the model saw, chat template applied, decoded like the response) and every
-other column of the sample's dataset row under its own name (``data_source``, ``extra_info``...; a column named like
-one of the four keys above does not replace it). Each score is a dict with ``overall`` plus any number of sub-scores
-(``format``, ``accuracy``...), all finite numbers and the same keys for every sample.
+Each input is a dict (:func:`easyr1.reward.inputs.build_reward_inputs`) with ``response`` (decoded text),
+``response_length`` (tokens), ``ground_truth``, ``prompt`` (the prompt the model saw, chat template applied, decoded
+like the response) and every other column of the sample's dataset row under its own name (``data_source``,
+``extra_info``...; a column named like one of the four keys above does not replace it). Each score is a dict with
+``overall`` plus any number of sub-scores (``format``, ``accuracy``...), all finite numbers and the same keys for
+every sample.
 Any deviation becomes a :class:`~easyr1.errors.RewardError` that names the sample and what was wrong.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from easyr1.errors import RewardError
 from easyr1.user_code import import_user_file, names_defined_in
-
-
-if TYPE_CHECKING:
-    import torch
-
-    from easyr1.protocol import Batch
 
 
 REWARD_TYPES = ("batch", "sequential")
@@ -44,10 +37,6 @@ KWARGS_KEY = "worker.reward.reward_function_kwargs"
 TYPE_KEY = "worker.reward.reward_type"
 
 RewardInput = dict[str, Any]
-# The keys every reward input has; a dataset column of the same name does not replace them.
-REWARD_INPUT_KEYS = ("response", "response_length", "ground_truth", "prompt")
-# The batch field holding each sample's other dataset columns ({name: value}), as the dataset yields them.
-ROW_COLUMNS = "row_columns"
 RewardScore = dict[str, float]
 
 _PREVIEW_CHARS = 200
@@ -269,75 +258,3 @@ def load_reward_function(
         RewardError: missing file, import failure, missing function, bad REWARD_TYPE or unknown kwargs.
     """
     return RewardFunction(spec, kwargs, reward_type)
-
-
-@dataclass(frozen=True)
-class Rewards:
-    """The scores of a batch of samples, in the batch's order: what the reward actor returns and the trainer reads.
-
-    ``sub_scores`` maps every score key (``overall`` included) to its B values, kept as python floats so that their
-    metrics are computed exactly as the function returned them; ``scores`` is the (B,) float32 ``overall`` score.
-    Plain lists travel from the reward actor, which then never imports torch (about 0.2 GB less resident memory).
-    """
-
-    sub_scores: dict[str, list[float]]
-
-    def __len__(self) -> int:
-        return len(self.sub_scores["overall"])
-
-    @functools.cached_property
-    def scores(self) -> torch.Tensor:
-        """The (B,) float32 ``overall`` scores, the reward the advantages are computed from."""
-        import torch
-
-        return torch.tensor(self.sub_scores["overall"], dtype=torch.float32)
-
-    def index(self, rows: Sequence[int] | torch.Tensor) -> Rewards:
-        """The rewards of ``rows``, in that order (a reordering, a selection or both)."""
-        rows = rows.tolist() if hasattr(rows, "tolist") else list(rows)
-        return Rewards({key: [values[i] for i in rows] for key, values in self.sub_scores.items()})
-
-    @staticmethod
-    def concat(parts: Sequence[Rewards]) -> Rewards:
-        """The rewards of several batches, one after the other."""
-        return Rewards(
-            {key: [value for part in parts for value in part.sub_scores[key]] for key in parts[0].sub_scores}
-        )
-
-
-def score_batch(reward_fn: RewardFunction, inputs: Sequence[RewardInput]) -> Rewards:
-    """Score reward inputs (one dict per sample, see the module docstring) with ``reward_fn``."""
-    score_dicts = reward_fn(inputs)
-    keys = list(score_dicts[0]) if score_dicts else ["overall"]
-    return Rewards({key: [float(score[key]) for score in score_dicts] for key in keys})
-
-
-def build_reward_inputs(batch: Batch, tokenizer: Any, skip_special_tokens: bool) -> list[RewardInput]:
-    """One reward input per sample of ``batch`` (the keys are in the module docstring).
-
-    Reads ``responses``, ``response_mask``, ``ground_truth``, ``raw_prompt_ids`` and, when present, ``row_columns``;
-    a prompt shared by several samples (same ``uid``) is decoded once.
-    """
-    lengths = batch["response_mask"].sum(dim=-1).tolist()
-    responses = tokenizer.batch_decode(
-        [ids[:length].tolist() for ids, length in zip(batch["responses"], lengths)],
-        skip_special_tokens=skip_special_tokens,
-    )
-    keys = batch["uid"] if "uid" in batch else range(len(batch))
-    prompt_texts: dict[Any, str] = {}
-    for key, prompt_ids in zip(keys, batch["raw_prompt_ids"]):
-        if key not in prompt_texts:
-            prompt_texts[key] = tokenizer.decode(list(prompt_ids), skip_special_tokens=skip_special_tokens)
-    columns = batch[ROW_COLUMNS] if ROW_COLUMNS in batch else [{}] * len(batch)
-    inputs = []
-    for i, (key, response, length) in enumerate(zip(keys, responses, lengths)):
-        reward_input = {
-            "response": response,
-            "response_length": int(length),
-            "ground_truth": batch["ground_truth"][i],
-            "prompt": prompt_texts[key],
-        }
-        for name, value in (columns[i] or {}).items():
-            reward_input.setdefault(name, value)
-        inputs.append(reward_input)
-    return inputs

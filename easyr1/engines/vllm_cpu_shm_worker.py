@@ -1,4 +1,4 @@
-"""vLLM's CPU worker with shared-memory names unique to one engine (see :mod:`easyr1.workers.rollout.vllm_shm`).
+"""vLLM's CPU worker with shared-memory names unique to one engine (see :mod:`easyr1.engines.vllm_shm`).
 
 Imported by vLLM, by name, through ``LLM(worker_cls=...)``, and only on CPU.
 """
@@ -9,7 +9,7 @@ import os
 
 from vllm.v1.worker.cpu_worker import CPUWorker
 
-from easyr1.workers.rollout.vllm_shm import TAG_VARIABLE
+from easyr1.engines.vllm_shm import TAG_VARIABLE
 
 
 class TaggedShmCPUWorker(CPUWorker):

@@ -1,85 +1,45 @@
-"""The rollout stage: a step's prompts in, its sampled and scored responses out.
+"""The single-turn rollout stage: a step's prompts in, one sampled and scored response per sample out.
 
-:class:`RolloutStage` is the interface the trainer drives: ``collect(prompts, step) -> Rollout``. The batch it
-returns holds one row per sample with the fields the rest of the step reads (``prompts``, ``responses``,
-``response_mask``, ``input_ids``, ``attention_mask``, ``position_ids``, ``rollout_log_probs``, ``uid``,
-``sample_id``, the prompt's objects, and ``reward_baselines`` when the estimator needs a greedy baseline); its
-rewards may still be computing, so that the workers' log-prob passes overlap the reward function.
-:class:`SingleTurnRollout` is the one-prompt-one-response stage; a multi-turn stage implements the same method.
-
-Seeds: every sample has its own sampling seed, a function of (``worker.rollout.seed``, step, generation round,
-sample) only, so a step replays exactly. Sampling rounds (the step's rounds, DAPO's refills, validation) take
-seeds below ``2**62``; greedy baseline rounds (ReMax) take seeds from ``2**62`` on, which no sampling round can
-have whatever the number of rounds.
+:class:`SingleTurnStage` implements :class:`~easyr1.stages.base.RolloutStage`: ``worker.rollout.n`` samples per
+prompt generated on the workers (each gets an equal consecutive chunk), DAPO refills (``algorithm.online_filtering``),
+ReMax greedy baselines, and validation over ``data.val_files``. Rewards are computed by the reward scorer (user code)
+while the workers go on. Seeds: :mod:`easyr1.stages.sampling`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections import defaultdict
+from typing import Any
 
 import numpy as np
-import ray
 import torch
 from tqdm import tqdm
 
 from easyr1.algorithms import estimator_needs, filter_groups
 from easyr1.config import PPOConfig
+from easyr1.data import RLDataset, collate_fn
 from easyr1.data.sampler import PromptStream
-from easyr1.distributed import WorkerGroup
+from easyr1.engines import engine_traits
 from easyr1.errors import UserError
 from easyr1.logging.timing import timed
 from easyr1.protocol import Batch
-from easyr1.workers.reward import ROW_COLUMNS, Rewards, build_reward_inputs
-from easyr1.workers.rollout.base import SamplingSettings
+from easyr1.reward import ROW_COLUMNS, PendingRewards, Rewards, RewardScorer, build_reward_inputs
+from easyr1.stages.base import ScoredSamples, Validation
+from easyr1.stages.sampling import (
+    VALIDATION_ROUND,
+    greedy_baseline_first_seed,
+    round_first_seed,
+    sampling_settings,
+    validation_overrides,
+)
+from easyr1.workers.hybrid_worker import HybridWorker
 
 
-# The settings a call may change (engine settings such as memory are fixed at start-up).
-SAMPLING_KEYS = {setting.name for setting in dataclasses.fields(SamplingSettings)}
 # The per-sample python objects of a prompt (besides its tensors), as the dataset yields them.
 PROMPT_OBJECTS = ("raw_prompt_ids", "multi_modal_data", "multi_modal_inputs", "ground_truth", ROW_COLUMNS)
-# The processed vision tensors of a prompt (what the actor's forward reads; the engine gets the images).
+# The processed vision tensors of a prompt (what the actor's forward reads; an engine that reads images skips them).
 VISION = "multi_modal_inputs"
-# Sampling seeds stay below this; greedy baseline rounds count up from it (torch seeds are int64).
-GREEDY_SEEDS_START = 2**62
-
-
-def round_first_seed(rollout_seed: int, step: int, round_index: int, samples: int) -> int:
-    """The seed of the first sample of a sampling round of ``samples`` samples (the others follow it).
-
-    Raises:
-        UserError: when the seeds would leave the sampling range (a ``worker.rollout.seed`` far too large).
-    """
-    first = ((rollout_seed * 1_000_003 + step) * 1_009 + round_index) * samples
-    if not 0 <= first <= GREEDY_SEEDS_START - samples:
-        raise UserError(
-            f"worker.rollout.seed={rollout_seed} gives step {step} sampling seeds outside [0, 2**62); use a smaller "
-            "non-negative seed (below 1000 fits rounds of up to 4 million samples)"
-        )
-    return first
-
-
-def greedy_baseline_first_seed(rollout_seed: int, step: int, samples: int) -> int:
-    """The seed of the first sample of a step's greedy baseline round: above every sampling round's seeds."""
-    return GREEDY_SEEDS_START + round_first_seed(rollout_seed, step, 0, samples)
-
-
-def sampling_settings(config: PPOConfig, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The engine's sampling settings from ``worker.rollout`` (and ``data.max_response_length``), with overrides."""
-    rollout = config.worker.rollout
-    settings = {
-        "temperature": rollout.temperature,
-        "top_p": rollout.top_p,
-        "top_k": rollout.top_k,
-        "max_tokens": config.data.max_response_length,
-        "ignore_eos": rollout.ignore_eos,
-    }
-    settings.update(overrides or {})
-    if settings["temperature"] == 0:  # EasyR1's way of asking for greedy decoding
-        settings["greedy"], settings["temperature"] = True, 1.0
-    return settings
 
 
 def prompts_of(batch: Batch) -> Batch:
@@ -95,50 +55,10 @@ def prompts_of(batch: Batch) -> Batch:
     )
 
 
-class PendingRewards:
-    """A batch's :class:`~easyr1.workers.reward.Rewards`: being computed by the reward actor, or already known."""
-
-    def __init__(self, source: ray.ObjectRef | Rewards) -> None:
-        self._source = source
-
-    def result(self) -> Rewards:
-        """The rewards (waits for the reward actor); a user error in the reward file is re-raised as is."""
-        if isinstance(self._source, Rewards):
-            return self._source
-        try:
-            self._source = ray.get(self._source)
-        except ray.exceptions.RayTaskError as error:
-            if isinstance(error.cause, UserError):
-                raise error.cause from None
-            raise
-        return self._source
-
-
-@dataclass
-class Rollout:
-    """What a rollout stage hands the trainer: the samples, their rewards, and the stage's metrics and timings."""
-
-    batch: Batch
-    rewards: PendingRewards
-    metrics: dict[str, float] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)
-
-
-class RolloutStage(Protocol):
-    """Turns a step's prompts into samples with their rewards (see the module docstring for the batch's fields)."""
-
-    # Training rows per sample (the unit of `global_batch_size * n`): more than 1 when a sample is split into rows.
-    rows_per_sample: int
-
-    def collect(self, prompts: Batch, step: int) -> Rollout:
-        """Sample and score responses to ``prompts`` for training step ``step``."""
-        ...
-
-
-class SingleTurnRollout:
+class SingleTurnStage:
     """One response per sample: ``worker.rollout.n`` samples per prompt, DAPO refills, ReMax greedy baselines.
 
-    Generation runs on the workers (each gets an equal consecutive chunk), scoring in the reward actor.
+    Generation runs on the workers (each gets an equal consecutive chunk), scoring in the reward scorer.
     """
 
     rows_per_sample = 1
@@ -146,27 +66,31 @@ class SingleTurnRollout:
     def __init__(
         self,
         config: PPOConfig,
-        workers: WorkerGroup,
-        reward_actor: Any,
+        workers: Any,
+        scorer: RewardScorer,
         prompts: PromptStream,
         tokenizer: Any,
+        val_dataset: RLDataset | None = None,
     ) -> None:
         self.config = config
-        self.workers = workers
-        self.reward_actor = reward_actor
+        self.workers = workers  # a WorkerGroup or a LocalWorkerGroup of HybridWorkers
+        self.scorer = scorer
         self.prompts = prompts
         self.tokenizer = tokenizer
+        self.val_dataset = val_dataset
         self.needs = estimator_needs(config.algorithm.adv_estimator)
+        # what the engine reads of a prompt's vision inputs: the images (vLLM) or the processed tensors (HF)
+        self.engine_reads_images = engine_traits(config.worker.rollout.name).reads_images
         # the next sample's id: the key of its tensors in the workers' per-step cache, never reused
         self.samples_generated = 0
 
-    def collect(self, prompts: Batch, step: int) -> Rollout:
+    def collect(self, prompts: Batch, step: int) -> ScoredSamples:
         """``n`` samples per prompt, scored; with online filtering, refilled to informative groups only."""
         metrics: dict[str, float] = {}
         timings: dict[str, float] = {}
         with timed(timings, "gen"):
             batch = self.generate(prompts, step, round_index=0)
-        # the reward is computed in the reward actor while the workers go on; DAPO needs it at once
+        # the reward is computed by the scorer while the workers go on; DAPO needs it at once
         rewards = self.score(batch)
         if self.config.algorithm.online_filtering:
             with timed(timings, "filter"):
@@ -174,12 +98,12 @@ class SingleTurnRollout:
         if self.needs.greedy_baseline:
             with timed(timings, "gen_baseline"):
                 batch["reward_baselines"] = self._greedy_baseline_scores(batch, step)
-        return Rollout(batch, rewards, metrics, timings)
+        return ScoredSamples(batch, rewards, metrics, timings)
 
     def score(self, batch: Batch) -> PendingRewards:
-        """Send the samples' reward inputs to the reward actor; the rewards come back later."""
+        """Send the samples' reward inputs to the reward scorer; the rewards may come later."""
         inputs = build_reward_inputs(batch, self.tokenizer, self.config.worker.reward.skip_special_tokens)
-        return PendingRewards(self.reward_actor.score.remote(inputs))
+        return self.scorer.score(inputs)
 
     def generate(
         self,
@@ -200,27 +124,24 @@ class SingleTurnRollout:
         return sampling_settings(self.config, overrides)
 
     def _generate(self, prompts: Batch, round_id: str, first_seed: int, sampling: dict[str, Any], n: int) -> Batch:
-        """Any number of prompts: rows are repeated up to a multiple of the worker count for the engines and the
-        extra samples dropped."""
+        """Any number of prompts (the group pads the rows to a multiple of the worker count and drops the extra
+        samples)."""
         prompts["uid"] = np.array([f"{round_id}-{i}" for i in range(len(prompts))], dtype=object)
         batch = prompts.repeat(n, interleave=True)
         batch["sample_seed"] = torch.arange(len(batch)) + first_seed
         batch["sample_id"] = torch.arange(len(batch)) + self.samples_generated
         self.samples_generated += len(batch)
-        size, workers = len(batch), self.workers.num_workers
-        if size % workers:
-            batch = Batch.concat([batch, batch.index(list(range(workers - size % workers)))])
         # what the engines do not read stays on the driver: the dataset's other columns (for the reward), and, with
         # the sample cache on, the processed vision tensors (vLLM reads the images; the tensors travel once, to the
         # rank that computes the sample's log-probs after balancing)
         held_back = [ROW_COLUMNS] if ROW_COLUMNS in batch else []
-        if self.config.trainer.cache_sample_tensors and self.config.worker.rollout.name != "hf" and VISION in batch:
+        if self.config.trainer.cache_sample_tensors and self.engine_reads_images and VISION in batch:
             held_back.append(VISION)
         kept = batch.pop(*held_back) if held_back else None
-        output = self.workers.run_split("generate", batch, sampling)
+        output = self.workers.run_split(HybridWorker.generate, batch, sampling, pad=True)
         for key in held_back:
             output[key] = kept[key]
-        return output.index(slice(0, size)) if len(output) != size else output
+        return output
 
     def _fill_with_informative_groups(
         self, batch: Batch, rewards: PendingRewards, step: int, metrics: dict[str, float]
@@ -268,3 +189,48 @@ class SingleTurnRollout:
         first_seed = greedy_baseline_first_seed(self.config.worker.rollout.seed, step, len(prompts))
         greedy = self._generate(prompts, f"{step}-greedy", first_seed, self.sampling({"greedy": True}), n=1)
         return self.score(greedy).result().scores.repeat_interleave(n)
+
+    # ------------------------------------------------------------------------------------------- validation
+    def validate(self, step: int) -> Validation:
+        """Generate for the whole validation set with ``worker.rollout.val_override_config`` and score it: ``val/``
+        metrics (reward and sub-scores, response lengths) and the first ``trainer.val_generations_to_log`` samples."""
+        n, overrides = validation_overrides(self.config)
+        sampling = self.sampling(overrides)
+        dataset = self.val_dataset
+        size = self.config.data.val_batch_size
+        size = len(dataset) if size == -1 else size
+        scores, sub_scores, lengths, shown = [], defaultdict(list), [], []
+        for start in tqdm(range(0, len(dataset), size), desc="validate", leave=False, disable=None):
+            rows = range(start, min(start + size, len(dataset)))
+            prompts = collate_fn([dataset[i] for i in rows])
+            batch = self.generate(prompts, step, VALIDATION_ROUND + start, sampling, n=n)
+            rewards = self.score(batch).result()
+            scores.append(rewards.scores)
+            for key, values in rewards.sub_scores.items():
+                sub_scores[key] += list(values)
+            lengths.append(batch["response_mask"].sum(dim=-1).float())
+            keep = self.config.trainer.val_generations_to_log - len(shown)
+            shown += self._generation_records(batch, rewards.scores)[: max(keep, 0)]
+        all_scores, all_lengths = torch.cat(scores), torch.cat(lengths)
+        metrics = {
+            "val/reward_score": all_scores.mean().item(),
+            "val/response_length/mean": all_lengths.mean().item(),
+            "val/response_length/clip_ratio": (all_lengths >= sampling["max_tokens"]).float().mean().item(),
+        }
+        for key, values in sub_scores.items():
+            if key != "overall":
+                metrics[f"val/{key}"] = float(np.mean(values))
+        return Validation(metrics, shown)
+
+    def _generation_records(self, batch: Batch, scores: torch.Tensor) -> list[dict[str, Any]]:
+        """Prompt, response, answer and score of each sample, as text."""
+        lengths = batch["response_mask"].sum(dim=-1).tolist()
+        return [
+            {
+                "prompt": self.tokenizer.decode(batch["raw_prompt_ids"][i], skip_special_tokens=False),
+                "response": self.tokenizer.decode(batch["responses"][i, : lengths[i]].tolist()),
+                "ground_truth": batch["ground_truth"][i],
+                "score": float(scores[i]),
+            }
+            for i in range(len(batch))
+        ]

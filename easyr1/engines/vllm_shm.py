@@ -8,7 +8,7 @@ destructors), 24 MiB or more each time:
   worker derives ``VLLM_DIST_IDENT`` from the distributed init method, always ``env://`` under
   ``external_launcher``, so every run on a machine uses the same names; they are created exclusively and never
   unlinked, and every later run fails with ``create shm in SHMManager failed. errno: 17`` (EEXIST). Each engine
-  here gets a fresh tag (:func:`agree_on_tag`) that :class:`~easyr1.workers.rollout.cpu_shm_worker.TaggedShmCPUWorker`
+  here gets a fresh tag (:func:`agree_on_tag`) that :class:`~easyr1.engines.vllm_cpu_shm_worker.TaggedShmCPUWorker`
   makes vLLM use as ``VLLM_DIST_IDENT``.
 - **The message queue** a multi-rank group uses to broadcast Python objects
   (``vllm/distributed/device_communicators/shm_broadcast.py``, ``psm_*``; CPU and GPU alike) is unlinked only by

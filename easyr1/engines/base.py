@@ -59,6 +59,10 @@ class RolloutEngine(Protocol):
     def wake_kv_cache(self) -> None:
         """Re-allocate the KV cache."""
 
+    def close(self) -> None:
+        """Release what the engine holds beyond its memory (an in-process engine's parallel state), so that the
+        process can build another one (a worker in the driver's process, ``trainer.single_process``)."""
+
 
 def pack_responses(
     prompts: Batch,

@@ -1,8 +1,8 @@
-"""Rollout with ``transformers`` ``generate`` (``worker.rollout.name=hf``).
+"""The Hugging Face engine: responses sampled with ``transformers`` ``generate`` (``worker.rollout.name=hf``).
 
 It keeps its own unsharded copy of the model on each worker, like vLLM does, so that ranks can stop
 generating at different lengths without waiting for each other; the actor's weights are copied in by
-:meth:`HFRollout.sync_weights`. Slower than vLLM on GPU, about as fast on CPU at tiny sizes, and
+:meth:`HFEngine.sync_weights`. Slower than vLLM on GPU, about as fast on CPU at tiny sizes, and
 useful where vLLM is not installed.
 """
 
@@ -14,13 +14,13 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from easyr1.models.loading import load_model
-from easyr1.protocol import Batch
-from easyr1.workers.actor import BANNED_TOKEN_BIAS, merge_vision_inputs
-from easyr1.workers.rollout.base import SamplingSettings, pack_responses
+from easyr1.algorithms.logits import BANNED_TOKEN_BIAS
+from easyr1.engines.base import SamplingSettings, pack_responses
+from easyr1.engines.registry import EngineSetup, EngineTraits, register_engine
+from easyr1.protocol import Batch, merge_vision_inputs
 
 
-class HFRollout:
+class HFEngine:
     """Sample responses with ``model.generate`` on a private copy of the policy."""
 
     def __init__(
@@ -38,6 +38,8 @@ class HFRollout:
         self.device = device
         self.weights_discarded = False  # the private copy is never dropped, so it needs a sync only after updates
         # the actor's architecture settings (model.override_config), so the copy computes what the actor computes
+        from easyr1.models.loading import load_model
+
         self.model = load_model(model_path, dtype, override_config=override_config).to(device).eval()
         self.show_progress = show_progress
         self.pad_token_id = pad_token_id
@@ -108,3 +110,22 @@ class HFRollout:
 
     def wake_kv_cache(self) -> None:
         """Nothing to re-acquire: ``generate`` allocates its cache per call."""
+
+    def close(self) -> None:
+        """Nothing beyond the copy's memory, freed with the engine."""
+
+
+@register_engine("hf", EngineTraits(reads_images=False, tensor_parallel=False))
+def build_hf_engine(setup: EngineSetup) -> HFEngine:
+    """``worker.rollout.name=hf``: a private copy of the actor's checkpoint with its ``model.override_config``."""
+    model = setup.config.worker.actor.model
+    return HFEngine(
+        model.model_path,
+        dtype=setup.dtype,
+        pad_token_id=setup.pad_token_id,
+        eos_token_ids=setup.eos_token_ids,
+        banned_token_ids=setup.banned_token_ids,
+        device=setup.device,
+        override_config=model.override_config,
+        show_progress=setup.show_progress,
+    )

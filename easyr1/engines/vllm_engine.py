@@ -10,9 +10,9 @@ On GPU the engine sleeps at level 2 between rollouts: weights and KV cache are f
 are discarded, so every rollout after a sleep wakes the weights, reloads them from the actor, then wakes the
 KV cache (``wake_weights`` -> ``sync_weights`` -> ``wake_kv_cache``).
 
-On CPU, ``sync_weights`` loads through ``cpu_weight_sync``: the model's own ``load_weights`` into the live tensors,
-then vLLM's own GEMM re-packing of each linear layer, the engine vLLM's ``reload_weights`` gives in 0.5-0.7 of
-its time; anywhere that path does not know (GPU, quantization, LoRA, unknown post-load processing) it is vLLM's
+On CPU, ``sync_weights`` loads through ``vllm_cpu_weight_sync``: the model's own ``load_weights`` into the live
+tensors, then vLLM's own GEMM re-packing of each linear layer, the engine vLLM's ``reload_weights`` gives in 0.5-0.7
+of its time; anywhere that path does not know (GPU, quantization, LoRA, unknown post-load processing) it is vLLM's
 ``reload_weights``, decided once at engine build and said in one log line.
 """
 
@@ -24,11 +24,13 @@ from typing import Any
 
 import torch
 
+import easyr1.engines.vllm_cpu_weight_sync as vllm_cpu_weight_sync
+import easyr1.engines.vllm_shm as vllm_shm
+from easyr1.algorithms.logits import BANNED_TOKEN_BIAS
+from easyr1.engines.base import SamplingSettings, pack_responses
+from easyr1.engines.registry import EngineSetup, EngineTraits, register_engine
 from easyr1.errors import UserError
 from easyr1.protocol import Batch
-from easyr1.workers.actor import BANNED_TOKEN_BIAS
-from easyr1.workers.rollout import cpu_weight_sync, vllm_shm
-from easyr1.workers.rollout.base import SamplingSettings, pack_responses
 
 
 def engine_multi_modal_data(multi_modal: dict[str, Any]) -> dict[str, Any]:
@@ -125,7 +127,7 @@ def sample_groups(prompts: Batch, seeds: list[int]) -> list[tuple[int, int]]:
     return groups
 
 
-class VLLMRollout:
+class VLLMEngine:
     """Generate with ``vllm.LLM``; weights are pushed in from the actor before each rollout."""
 
     def __init__(
@@ -175,7 +177,7 @@ class VLLMRollout:
             # unique shared-memory names for this engine (vLLM's own are the same for every run on the machine)
             self.shm_tag = vllm_shm.agree_on_tag()
             os.environ[vllm_shm.TAG_VARIABLE] = self.shm_tag
-            extra["worker_cls"] = "easyr1.workers.rollout.cpu_shm_worker.TaggedShmCPUWorker"
+            extra["worker_cls"] = "easyr1.engines.vllm_cpu_shm_worker.TaggedShmCPUWorker"
         self.dtype = dtype
         self.llm = LLM(
             model=model_path,
@@ -211,11 +213,13 @@ class VLLMRollout:
     def choose_weight_sync(self) -> None:
         """Decide once how :meth:`sync_weights` loads: easyr1's CPU path (``reload_reason`` None) or vLLM's
         ``reload_weights`` (``reload_reason`` says why); one log line says which."""
-        self.reload_reason = self.llm.collective_rpc(cpu_weight_sync.prepare)[0]
+        self.reload_reason = self.llm.collective_rpc(vllm_cpu_weight_sync.prepare)[0]
         if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
             return
         if self.reload_reason is None:
-            print(f"easyr1: vLLM weight sync: the CPU path ({self.llm.collective_rpc(cpu_weight_sync.describe)[0]})")
+            print(
+                f"easyr1: vLLM weight sync: the CPU path ({self.llm.collective_rpc(vllm_cpu_weight_sync.describe)[0]})"
+            )
         else:
             print(f"easyr1: vLLM weight sync: vLLM's reload_weights, because of {self.reload_reason}")
 
@@ -289,7 +293,7 @@ class VLLMRollout:
             (name, tensor.to(self.dtype) if tensor.is_floating_point() else tensor) for name, tensor in named_tensors
         )
         if self.reload_reason is None:
-            self.llm.collective_rpc(cpu_weight_sync.load, args=(cast,))
+            self.llm.collective_rpc(vllm_cpu_weight_sync.load, args=(cast,))
         else:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": cast})
         self.llm.reset_prefix_cache()
@@ -319,3 +323,65 @@ class VLLMRollout:
     def wake_kv_cache(self) -> None:
         """Re-allocate the KV cache, after the weight sync (whose gathered tensors are freed by then)."""
         self._wake("kv_cache")
+
+    def close(self) -> None:
+        """Drop the engine and vLLM's parallel state (its groups, and the process group it joined)."""
+        from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+        del self.llm
+        destroy_model_parallel()
+        destroy_distributed_environment()
+
+
+def kv_cache_bytes(config: Any, dtype: torch.dtype) -> int:
+    """The CPU engine's KV cache: ``worker.rollout.cpu_kv_cache_gb``, or (null) enough for one engine's share of a
+    rollout batch at ``max_model_len`` (its data-parallel share, pooled over its tensor-parallel group)."""
+    rollout = config.worker.rollout
+    if rollout.cpu_kv_cache_gb is not None:
+        return int(rollout.cpu_kv_cache_gb * 2**30)
+    rows = -(-config.data.rollout_batch_size * rollout.n // config.world_size) * rollout.tensor_parallel_size
+    from easyr1.models.loading import load_model_config
+
+    model = config.worker.actor.model
+    model_config = load_model_config(model.model_path, model.trust_remote_code, model.override_config)
+    text_config = getattr(model_config, "text_config", None) or model_config
+    return cpu_kv_cache_bytes(text_config, rows, max_model_len(config), dtype)
+
+
+def max_model_len(config: Any) -> int:
+    """The longest prompt + response the engine handles: ``worker.rollout.max_model_len``, else the two limits."""
+    return config.worker.rollout.max_model_len or (config.data.max_prompt_length + config.data.max_response_length)
+
+
+def check_vllm_settings(config: Any, device: str) -> None:
+    """On CPU, the KV-cache block size vLLM's CPU attention can take (a ``UserError`` before any worker starts)."""
+    if device == "cpu":
+        cpu_block_size(config.worker.rollout.block_size)
+
+
+@register_engine("vllm", EngineTraits(reads_images=True, tensor_parallel=True, check=check_vllm_settings))
+def build_vllm_engine(setup: EngineSetup) -> VLLMEngine:
+    """``worker.rollout.name=vllm``: ``vllm.LLM`` in this process, joined to the workers' process group."""
+    config = setup.config
+    rollout, model = config.worker.rollout, config.worker.actor.model
+    return VLLMEngine(
+        model.model_path,
+        model.tokenizer_path,
+        dtype=setup.dtype,
+        max_model_len=max_model_len(config),
+        tensor_parallel_size=rollout.tensor_parallel_size,
+        seed=rollout.seed,
+        pad_token_id=setup.pad_token_id,
+        banned_token_ids=setup.banned_token_ids,
+        limit_images=rollout.limit_images,
+        gpu_memory_utilization=rollout.gpu_memory_utilization,
+        enforce_eager=rollout.enforce_eager,
+        enable_chunked_prefill=rollout.enable_chunked_prefill,
+        max_num_batched_tokens=rollout.max_num_batched_tokens,
+        block_size=rollout.block_size,
+        cpu_kv_cache_bytes=kv_cache_bytes(config, setup.dtype) if setup.device == "cpu" else 0,
+        trust_remote_code=rollout.trust_remote_code,
+        disable_log_stats=rollout.disable_log_stats,
+        override_config=model.override_config,
+        show_progress=setup.show_progress,
+    )

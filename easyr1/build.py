@@ -1,0 +1,193 @@
+"""A run's parts, built from its config and handed to the :class:`~easyr1.trainer.Trainer`, which only orders them.
+
+:func:`build_trainer` reads the tokenizer, the data (or an agent's environment seeds) and the reward file (user
+code), settles the config (:meth:`~easyr1.config.PPOConfig.settle`: steps, device), opens the checkpoint directory
+and the trackers, starts the worker group (Ray actors, or with ``trainer.single_process`` one worker in this process)
+and wires the rollout stage to the workers and the reward scorer. Everything that can fail on bad input fails here
+before any worker loads a model; a resumed run's state is read before anything is written.
+
+Ray is imported only for a Ray run: with ``trainer.single_process`` this module, the trainer and the stages run where
+Ray is not installed (the GPU check, ``tests/gpu``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from easyr1.checkpoint.manager import TRAINER_STATE_NAME, CheckpointDirectory
+from easyr1.config import PPOConfig, to_dict
+from easyr1.data import RLDataset, collate_fn
+from easyr1.data.sampler import PromptStream
+from easyr1.distributed.local_group import LocalWorkerGroup
+from easyr1.distributed.worker import device_type, pick_backend
+from easyr1.engines import check_engine
+from easyr1.envs import check_environment
+from easyr1.errors import UserError
+from easyr1.logging import build_trackers
+from easyr1.models.loading import load_model_config, load_tokenizer_and_processor
+from easyr1.reward import LocalRewardScorer, RewardScorer, load_reward_function
+from easyr1.stages.multi_turn import EpisodeSeeds, MultiTurnStage
+from easyr1.stages.single_turn import SingleTurnStage
+from easyr1.trainer import Trainer
+from easyr1.workers.hybrid_worker import HybridWorker
+
+
+# Torch threads of a GPU worker (its host-side work: data movement, small reductions).
+GPU_WORKER_THREADS = 8
+
+
+def build_trainer(config: PPOConfig) -> Trainer:
+    """The trainer of ``config`` with its parts: workers started and their models loaded, resumed if a checkpoint
+    says so. A Ray run needs a Ray cluster (``easyr1.main.init_ray``); ``trainer.single_process`` needs none."""
+    model = config.worker.actor.model
+    tokenizer, processor = load_tokenizer_and_processor(model.tokenizer_path, model.trust_remote_code)
+    model_config = load_model_config(model.model_path, model.trust_remote_code, model.override_config)
+    round_size = config.data.mini_rollout_batch_size or config.data.rollout_batch_size
+    if config.env.enabled:  # an agent run: environment seeds instead of prompts, rewards from the environment
+        check_environment(config.env.name, config.env.env_class, dict(config.env.env_kwargs))
+        prompts: Any = EpisodeSeeds(config.env.seed, config.env.num_seeds, round_size)
+        if prompts.steps_per_epoch is None and not config.trainer.max_steps:
+            raise UserError(
+                "an agent run without env.num_seeds plays new seeds forever; set trainer.max_steps (or env.num_seeds "
+                "to make an epoch)"
+            )
+        steps_per_epoch, val_dataset, reward_fn = prompts.steps_per_epoch, None, None
+    else:
+        reward = config.worker.reward
+        reward_fn = load_reward_function(reward.reward_function, reward.reward_function_kwargs, reward.reward_type)
+        prompts, val_dataset, steps_per_epoch = _prompts(config, tokenizer, processor, model_config, round_size)
+    total_steps = config.trainer.max_steps or steps_per_epoch * config.trainer.total_epochs
+    device = run_device(config)
+    for notice in config.settle(total_steps, device):
+        print(f"easyr1: {notice}", flush=True)
+    check_engine(config, device)
+
+    # Which checkpoint to continue from is settled (and its state read) before anything is written.
+    checkpoints = CheckpointDirectory(config.trainer.save_checkpoint_path, config.trainer.save_limit)
+    resume_from = checkpoints.resume_path(config.trainer.load_checkpoint_path, config.trainer.find_last_checkpoint)
+    # a checkpoint this run's own directory (or trainer.load_checkpoint_path) holds: trusted like the config
+    driver_state = torch.load(resume_from / TRAINER_STATE_NAME, weights_only=False) if resume_from else None
+    for leftover in checkpoints.remove_leftovers():
+        print(f"easyr1: removed {leftover}, a checkpoint write that was interrupted", flush=True)
+    trackers = build_trackers(
+        list(config.trainer.logger),
+        config.trainer.log_dir,
+        resume_step=int(driver_state["global_step"]) if driver_state else None,
+        project=config.trainer.project_name,
+        experiment=config.trainer.experiment_name,
+        config=to_dict(config),
+        total_steps=total_steps,
+    )
+
+    workers = start_workers(config, device)
+    scorer: RewardScorer | None = None
+    try:
+        print(f"easyr1: {workers.describe()}", flush=True)
+        workers.check_shared_directory(config.trainer.save_checkpoint_path, "trainer.save_checkpoint_path")
+        workers.run_all(HybridWorker.init_models)
+        if config.env.enabled:
+            stage: Any = MultiTurnStage(config, workers, tokenizer, processor, model_config)
+        else:
+            scorer = start_scorer(config, reward_fn)
+            stage = SingleTurnStage(config, workers, scorer, prompts, tokenizer, val_dataset)
+        trainer = Trainer(
+            config,
+            workers=workers,
+            stage=stage,
+            prompts=prompts,
+            checkpoints=checkpoints,
+            trackers=trackers,
+            tokenizer=tokenizer,
+            total_steps=total_steps,
+            scorer=scorer,
+        )
+        if resume_from:
+            trainer.load_checkpoint(resume_from, driver_state)
+    except BaseException:
+        workers.shutdown()  # release the workers (and their resources on the cluster) before the error surfaces
+        if scorer is not None:
+            scorer.close()
+        raise
+    return trainer
+
+
+def _prompts(
+    config: PPOConfig, tokenizer: Any, processor: Any, model_config: Any, round_size: int
+) -> tuple[PromptStream, RLDataset | None, int]:
+    """The training prompt stream, the validation dataset (when the run validates) and the steps per epoch; every
+    row checked."""
+    data, trainer = config.data, config.trainer
+    train_dataset = RLDataset.from_config(data, data.train_files, tokenizer, processor, model_config)
+    prompts = PromptStream(train_dataset, round_size, data.shuffle, data.seed, collate_fn, data.dataloader_num_workers)
+    val_dataset = None
+    if trainer.val_freq > 0 or trainer.val_before_train or trainer.val_only:
+        val_dataset = RLDataset.from_config(data, data.val_files, tokenizer, processor, model_config)
+    steps_per_epoch = prompts.steps_per_epoch * round_size // data.rollout_batch_size
+    if steps_per_epoch == 0:
+        raise UserError(
+            f"data.train_files ({data.train_files}) has {len(train_dataset)} usable rows, fewer than "
+            f"data.rollout_batch_size={data.rollout_batch_size}; lower the batch size or add data"
+        )
+    return prompts, val_dataset, steps_per_epoch
+
+
+def run_device(config: PPOConfig) -> str:
+    """``trainer.device``, with ``auto`` resolved: by the Ray cluster's resources (the driver may sit on a GPU-less
+    head node), or with ``trainer.single_process`` by this process's."""
+    if config.trainer.single_process:
+        return device_type(config.trainer.device)
+    import ray
+
+    from easyr1.distributed.placement import resolve_device
+
+    return resolve_device(config.trainer.device, ray.cluster_resources())
+
+
+def start_workers(config: PPOConfig, device: str) -> Any:
+    """The worker group of :class:`HybridWorker` ranks (models not loaded yet): Ray actors placed by node, or one
+    worker in this process (``trainer.single_process``). Each gets the settled config."""
+    # on CPU a node's workers share its cores; more threads than cores only adds contention
+    threads = GPU_WORKER_THREADS
+    if device == "cpu":
+        threads = max(1, (os.cpu_count() or 1) // config.trainer.n_gpus_per_node)
+    if config.trainer.single_process:
+        return LocalWorkerGroup(
+            HybridWorker, init_args=(config,), threads_per_worker=threads, backend=pick_backend(device)
+        )
+    from easyr1.distributed.worker_group import WorkerGroup
+
+    return WorkerGroup(
+        HybridWorker,
+        config.world_size,
+        nnodes=config.trainer.nnodes,
+        init_args=(config,),
+        gpus_per_worker=1 if device == "cuda" else 0,
+        threads_per_worker=threads,
+        backend=pick_backend(device),
+        cache_sample_tensors=config.trainer.cache_sample_tensors,
+    )
+
+
+def start_scorer(config: PPOConfig, reward_fn: Any) -> RewardScorer:
+    """The reward scorer: the loaded function in this process (``trainer.single_process``), else in a Ray actor on
+    the driver's node."""
+    if config.trainer.single_process:
+        return LocalRewardScorer(reward_fn)
+    from easyr1.reward.ray_scorer import RayRewardScorer
+
+    reward = config.worker.reward
+    return RayRewardScorer(reward.reward_function, reward.reward_function_kwargs, reward.reward_type, reward.num_cpus)
+
+
+def report_locations(config: PPOConfig) -> list[str]:
+    """Where a run writes: its checkpoints, its metrics, and the command that renders its report."""
+    trainer = config.trainer
+    lines = [f"checkpoints: {trainer.save_checkpoint_path}"]
+    if "file" in trainer.logger:
+        lines.append(f"metrics: {Path(trainer.log_dir) / 'metrics.jsonl'}")
+    lines.append(f"report: python -m easyr1.tools.report {trainer.log_dir}")
+    return lines

@@ -1,0 +1,59 @@
+"""The reward function in a Ray actor, off the driver's critical path: its scores arrive while the workers go on.
+
+The actor runs on the driver's node when a CPU is free there (the reward file was found on that node; another node
+may not have it). It never imports torch: :class:`~easyr1.reward.rewards.Rewards` travel as lists of floats.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from easyr1.errors import UserError
+from easyr1.reward.function import RewardInput, load_reward_function
+from easyr1.reward.rewards import PendingRewards, Rewards, score_batch
+
+
+@ray.remote
+class RewardActor:
+    """Loads the reward function once, then scores batches of reward inputs."""
+
+    def __init__(self, spec: str, kwargs: dict[str, Any] | None, reward_type: str | None) -> None:
+        self.reward_fn = load_reward_function(spec, kwargs, reward_type)
+
+    def score(self, inputs: list[dict[str, Any]]) -> Rewards:
+        """The rewards of ``inputs``: :func:`~easyr1.reward.rewards.score_batch` with the loaded function."""
+        return score_batch(self.reward_fn, inputs)
+
+
+class RayRewardScorer:
+    """A :class:`~easyr1.reward.scorer.RewardScorer` whose reward function runs in a :class:`RewardActor`."""
+
+    def __init__(self, spec: str, kwargs: dict[str, Any] | None, reward_type: str | None, num_cpus: int) -> None:
+        self.actor = RewardActor.options(
+            num_cpus=num_cpus,
+            # soft: if this node has no CPU free, any node will do
+            scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True),
+        ).remote(spec, kwargs, reward_type)
+
+    def score(self, inputs: Sequence[RewardInput]) -> PendingRewards:
+        """Send ``inputs`` to the actor; the rewards are fetched when first asked for."""
+        scored = self.actor.score.remote(list(inputs))
+        return PendingRewards(lambda: _fetch(scored))
+
+    def close(self) -> None:
+        """Stop the actor."""
+        ray.kill(self.actor)
+
+
+def _fetch(scored: ray.ObjectRef) -> Rewards:
+    """The actor's rewards; a user error in the reward file is re-raised as it is (one message, no Ray traceback)."""
+    try:
+        return ray.get(scored)
+    except ray.exceptions.RayTaskError as error:
+        if isinstance(error.cause, UserError):
+            raise error.cause from None
+        raise
