@@ -85,10 +85,10 @@ class BareEngine:
 
 def build_trainer(model: Path, data: Path, work: Path):
     """easyr1's trainer as ``python -m easyr1.main`` builds it with the peer benchmark's settings, one worker."""
+    from easyr1.build import build_trainer as build
     from easyr1.config import load_config
     from easyr1.main import init_ray
     from easyr1.seeding import seed_everything
-    from easyr1.build import build_trainer as build
 
     settings = {
         **EASYR1_SETTINGS,

@@ -654,19 +654,22 @@ def test_check_against_model_lengths_heads_and_vision():
 
 
 def test_check_against_model_reads_config_json(tmp_path):
+    from easyr1.main import read_model_config
+
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     (model_dir / "config.json").write_text(json.dumps(QWEN_VL_JSON), encoding="utf-8")
     lengths = ["data.max_prompt_length=100", "data.max_response_length=28", "worker.rollout.max_model_len=512"]
     config = load_config([*SMALL, f"worker.actor.model.model_path={model_dir}", *lengths])
     with pytest.raises(ConfigError, match=r"worker.rollout.max_model_len=512 exceeds the model's max_position_emb"):
-        check_against_model(config)
+        check_against_model(config, read_model_config(config.worker.actor.model))
     # override_config replaces config.json entries, as it does when the model is loaded.
     config.worker.actor.model.override_config = {"text_config": {"max_position_embeddings": 1024}}
-    check_against_model(config)
-    # A hub id cannot be read offline: nothing to check.
-    config.worker.actor.model.model_path = "Qwen/Qwen2.5-VL-7B-Instruct"
-    check_against_model(config)
+    check_against_model(config, read_model_config(config.worker.actor.model))
+    # a directory without a config.json is an error naming the key and what builds the demo's model
+    config.worker.actor.model.model_path = str(tmp_path / "missing")
+    with pytest.raises(ConfigError, match=r"worker.actor.model.model_path=.*missing.*easyr1.tools.demo_assets"):
+        read_model_config(config.worker.actor.model)
 
 
 # ---------------------------------------------------------------------------------------------------- examples

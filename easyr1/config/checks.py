@@ -7,8 +7,6 @@ The checks of single fields live beside the fields, in the section modules;
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,7 +18,6 @@ from easyr1.config.env import EnvConfig
 from easyr1.config.rollout import RolloutConfig
 from easyr1.config.trainer import TrainerConfig
 from easyr1.engines import ENGINES, engine_traits
-from easyr1.errors import ConfigError
 
 
 def _largest_divisor_up_to(number: int, limit: int) -> int:
@@ -208,21 +205,6 @@ def check_estimator_env(algorithm: AlgorithmConfig, env: EnvConfig, data: DataCo
             f"algorithm.adv_estimator={algorithm.adv_estimator} needs a greedy baseline round, which agent runs "
             "(env section) do not play; use grpo, rloo, reinforce_plus_plus, gae or turn_gae"
         )
-
-
-def read_model_config(model_path: str | None) -> dict[str, Any] | None:
-    """The parsed ``config.json`` of a local model directory, or None when there is none to read."""
-    if model_path is None or not os.path.isfile(os.path.join(model_path, "config.json")):
-        return None
-    path = os.path.join(model_path, "config.json")
-    try:
-        with open(path, encoding="utf-8") as file:
-            loaded = json.load(file)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read the model config {path}: {exc}") from None
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"the model config {path} must hold a JSON object")
-    return loaded
 
 
 def _model_value(model_config: Mapping[str, Any], key: str) -> Any:

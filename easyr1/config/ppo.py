@@ -24,7 +24,7 @@ from easyr1.config.actor import (
     resolve_loss_aliases,
 )
 from easyr1.config.algorithm import ALGORITHM_RANGES, AlgorithmConfig, check_algorithm_names, check_algorithm_pairs
-from easyr1.config.checks import check_estimator_env, check_sizes, model_problems, read_model_config
+from easyr1.config.checks import check_estimator_env, check_sizes, model_problems
 from easyr1.config.data import DATA_RANGES, DataConfig, check_data_pairs
 from easyr1.config.env import ENV_RANGES, EnvConfig, check_env_names
 from easyr1.config.fields import get_key, iter_fields, mirror_source, option, section, set_key
@@ -217,19 +217,14 @@ def validation_problems(config: PPOConfig, num_workers: int | None) -> list[str]
     return problems
 
 
-def check_against_model(config: PPOConfig, model_config: Mapping[str, Any] | None = None) -> None:
-    """Check the config against the model's ``config.json``; no weights are read.
+def check_against_model(config: PPOConfig, model_config: Mapping[str, Any]) -> None:
+    """Check the config against the model's ``config.json`` (``model_config``, as a dict: the CLI reads it with
+    :func:`easyr1.models.loading.load_model_config`, as the workers do); no weights are read.
 
-    ``model_config`` is that file as a dict; when it is omitted, ``<model_path>/config.json`` is read if the model is
-    a local directory (a hub id is skipped: nothing can be checked before download). Raises :class:`ConfigError`
-    when the sequence lengths exceed ``max_position_embeddings``, when the tensor-parallel size does not divide the
-    attention heads, or when a vision setting is used with a text-only model.
+    Raises :class:`ConfigError` when the sequence lengths exceed ``max_position_embeddings``, when the
+    tensor-parallel size does not divide the attention heads, or when a vision setting is used with a text-only model.
     """
     model = config.worker.actor.model
-    if model_config is None:
-        model_config = read_model_config(model.model_path)
-        if model_config is None:
-            return
     problems = model_problems(config.data, model, config.worker.rollout, model_config)
     if len(problems) == 1:
         raise ConfigError(problems[0])
