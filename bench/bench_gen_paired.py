@@ -178,7 +178,7 @@ def drive(args: argparse.Namespace) -> None:
                     with paused(easyr1):
                         beside = bare.call(step - 1)
                 with paused([bare_process]):
-                    metrics = trainer.train_step(trainer._step_prompts(), step)  # as fit() takes them
+                    metrics = trainer.train_step(trainer.step_prompts(), step)  # as fit() takes them
                 trainer.global_step = step
                 if not bare_first:
                     with paused(easyr1):

@@ -32,9 +32,9 @@ class WorkerLost(RuntimeError):
         self.rank, self.node, self.phase, self.cause = rank, node, phase, cause
         self.step: int | None = None  # the training step it happened in, when the trainer knows it
         self.checkpoints: str | None = None  # the run's checkpoint directory, when the caller knows it
-        super().__init__(self.describe())
+        super().__init__(rank, node, phase, cause)
 
-    def describe(self) -> str:
+    def __str__(self) -> str:
         """Which rank died, on which node, in which call (and step)."""
         during = f"{self.phase}" + (f" of step {self.step}" if self.step is not None else "")
         return f"worker rank {self.rank} on node {self.node} died during {during} ({self.cause})"

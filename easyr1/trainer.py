@@ -131,7 +131,7 @@ class Trainer:
         ) as progress:
             for step in range(self.global_step + 1, self.total_steps + 1):
                 try:
-                    metrics = self.train_step(self._step_prompts(), step)
+                    metrics = self.train_step(self.step_prompts(), step)
                 except WorkerLost as lost:  # the message names the step
                     lost.step = step
                     raise
@@ -198,7 +198,7 @@ class Trainer:
         return {**self._step_metrics(batch, rewards, worker_metrics, timings), **metrics}
 
     # ------------------------------------------------------------------------------------------- step helpers
-    def _step_prompts(self) -> Batch:
+    def step_prompts(self) -> Batch:
         """The prompts a step starts from: a full rollout batch, or with online filtering one generation round
         (further rounds follow only while too few groups are informative)."""
         if self.config.algorithm.online_filtering:

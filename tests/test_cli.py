@@ -118,3 +118,17 @@ def test_reward_function_that_raises_stops_the_run(tiny_qwen2_5_vl_dir, tiny_dat
     error_lines = [line for line in result.stderr.splitlines() if line.startswith("easyr1: error: ")]
     assert len(error_lines) == 1
     assert "sample 0" in error_lines[0] and "ZeroDivisionError" in result.stderr
+
+
+def test_help_lists_every_key_with_its_default_and_help(capsys):
+    from easyr1.config import PPOConfig
+    from easyr1.config.fields import is_section, iter_fields
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m easyr1.main config=FILE.yaml")
+    listed = {line.split(":")[0] for line in out.splitlines()}
+    keys = {key for key, _, hint in iter_fields(PPOConfig) if not is_section(hint)}
+    assert keys <= listed, sorted(keys - listed)[:5]
+    assert "worker.rollout.n: int = 5  # responses sampled per prompt" in out
+    assert "trainer.single_process: bool = False  # run the whole loop in this one Python process" in out

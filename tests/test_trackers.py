@@ -5,7 +5,7 @@ import pytest
 
 from easyr1.errors import ConfigError
 from easyr1.logging import build_trackers
-from easyr1.logging.trackers import ConsoleTracker, FileTracker
+from easyr1.logging.trackers import ConsoleTracker, FileTracker, duration_text
 
 
 def test_file_tracker_writes_one_json_object_per_step(tmp_path):
@@ -62,6 +62,23 @@ def test_console_tracker_prints_headline_numbers():
         {"reward/overall": 0.25, "timing/step": 1.5, "unlisted": 3.0}, step=7
     )
     assert lines == ["step 7 | reward 0.25 | s/step 1.5"]
+
+
+def test_console_line_says_the_step_out_of_the_total_and_the_time_left():
+    lines, now = [], [100.0]
+    console = ConsoleTracker(print_fn=lambda text, flush: lines.append(text), total_steps=10, clock=lambda: now[0])
+    console.log({"val/reward_score": 0.5}, step=0)  # validation before training: no time left yet
+    for seconds, step in ((5.0, 1), (10.0, 2), (20.0, 3)):  # wall time between lines: validation, saving included
+        now[0] += seconds
+        console.log({"timing/step": 1.0}, step=step)
+    assert lines[0] == "step 0/10 | val_reward 0.5"
+    assert lines[1] == "step 1/10 | s/step 1 | 45s left"  # 9 steps of 5 s
+    assert lines[2] == "step 2/10 | s/step 1 | 1m00s left"  # 8 steps of the mean of (5, 10)
+    assert lines[3] == "step 3/10 | s/step 1 | 1m22s left"  # 7 steps of the mean of (5, 10, 20)
+    resumed, later = [], ConsoleTracker(print_fn=lambda text, flush: resumed.append(text), total_steps=10)
+    later.log({"timing/step": 4.0}, step=5)  # a process's first line: its step's own time
+    assert resumed == ["step 5/10 | s/step 4 | 20s left"]
+    assert duration_text(3 * 3600 + 5 * 60 + 9) == "3h05m" and duration_text(59.6) == "1m00s"
 
 
 def test_unknown_tracker_is_a_config_error(tmp_path):

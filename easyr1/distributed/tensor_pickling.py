@@ -54,8 +54,12 @@ def reduce_tensor(tensor: torch.Tensor) -> tuple[Any, tuple[Any, ...]]:
 
 
 def install() -> None:
-    """Use :func:`reduce_tensor` for every ``torch.Tensor`` this process sends through Ray (idempotent)."""
-    import ray.cloudpickle
+    """Use :func:`reduce_tensor` for every ``torch.Tensor`` this process sends through Ray (idempotent); where Ray is
+    not installed nothing is sent through it (a worker in the driver's process on a machine without Ray)."""
+    try:
+        import ray.cloudpickle
+    except ImportError:
+        return
 
     # the dispatch table Ray's serialization context fills (ray.util.register_serializer); keyed by exact type,
     # so subclasses keep their own reduction

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from inprocess import DEVICE
+from loop import DEVICE
 
 from easyr1.algorithms.logits import compile_allowed, entropy_from_logits, log_probs_from_logits
 from easyr1.logging.perf import memory_metrics, peak_flops

@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import training_batch
-from inprocess import DEVICE
+from loop import DEVICE
 
 from easyr1.models.loading import load_model
 from easyr1.protocol import Batch
