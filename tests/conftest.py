@@ -10,7 +10,10 @@
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +22,46 @@ import pytest
 
 # Tests run on a 2-core machine; more threads than cores only makes timings noisy.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# `make test-fast` sets this: the tier that starts neither Ray nor a vLLM engine nor a training subprocess. Doing one
+# of those in it fails the test with what marker it lacks (ray, vllm or e2e), so the markers stay true.
+FAST_TIER = os.environ.get("EASYR1_TEST_TIER") == "fast"
+
+
+def refuse(what: str, marker: str):
+    def refused(*args, **kwargs):
+        raise AssertionError(f"{what} in the fast tier: mark the test `{marker}` (pyproject.toml's markers)")
+
+    return refused
+
+
+class _RefuseVllmEngines(importlib.abc.MetaPathFinder):
+    """Once vLLM is imported, building an engine (``vllm.LLM``) fails the test (fast tier only)."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "vllm" or "vllm" in sys.modules:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("vllm")
+        loader = spec.loader
+
+        class Loader(importlib.abc.Loader):
+            def create_module(self, spec):
+                return loader.create_module(spec)
+
+            def exec_module(self, module):
+                loader.exec_module(module)
+                module.LLM.__init__ = refuse("a vLLM engine was built", "vllm")
+
+        spec.loader = Loader()
+        return spec
+
+
+if FAST_TIER:
+    import ray
+
+    ray.init = refuse("Ray was started", "ray")
+    sys.meta_path.insert(0, _RefuseVllmEngines())
 
 
 @pytest.fixture(scope="session")

@@ -22,14 +22,24 @@ from easyr1.protocol import Batch
 REPO = Path(__file__).resolve().parents[1]
 
 
+# The resources of the cluster start_ray started last (None: none, or it was shut down since).
+_started: tuple[int, int] | None = None
+
+
 def start_ray(num_cpus: int = 4, num_gpus: int = 0) -> None:
-    """A small local Ray cluster for one test module (a small object store; no dashboard; no auth token)."""
+    """A small local Ray cluster for the tests (a small object store; no dashboard; no auth token), started once per
+    session: a module that needs Ray calls this, and gets the cluster already running unless it asks for other
+    resources (or the last one was shut down)."""
     import ray
 
+    global _started
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if ray.is_initialized() and _started == (num_cpus, num_gpus):
+        return
     if ray.is_initialized():
-        # a cluster left by another test module (e.g. one the CLI started) lacks the tests' import path
+        # another shape, or a cluster the CLI started, which lacks the tests' import path
         ray.shutdown()
+    _started = (num_cpus, num_gpus)
     ray.init(
         num_cpus=num_cpus,
         **({"num_gpus": num_gpus} if num_gpus else {}),  # a GPU count claimed for placement tests

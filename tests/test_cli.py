@@ -34,6 +34,8 @@ def run_main(capsys, args: list[str]) -> str:
 
 
 def run_cli(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
+    """``python -m easyr1.main ARGS`` in a process of its own (not in the fast tier: mark the test ``e2e``)."""
+    assert os.environ.get("EASYR1_TEST_TIER") != "fast", "a training subprocess in the fast tier: mark the test `e2e`"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     return subprocess.run(
         [sys.executable, "-m", "easyr1.main", *args],

@@ -118,7 +118,7 @@ class PPOConfig:
         the device ``auto`` resolved to; an agent run with ``env.context=full`` turns ``worker.actor.share_prompt`` off
         (a trajectory's images sit in its response region too, which a prompt shared by a group cannot carry). The
         builder calls this once: the config every worker gets, the trackers record and each checkpoint saves is the
-        settled one. Returns a notice per setting it changed that the user had set otherwise.
+        settled one. Returns a notice for each setting it turned off.
         """
         notices = []
         self.trainer.device = device
