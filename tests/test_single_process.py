@@ -35,7 +35,8 @@ def results(run_dir) -> list[dict]:
 
 
 def test_one_process_without_ray_gives_a_one_worker_ray_runs_metrics(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
-    args = [*base_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir), "trainer.n_gpus_per_node=1", f"trainer.max_steps={STEPS}"]
+    args = [*base_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir), "trainer.n_gpus_per_node=1"]
+    args.append(f"trainer.max_steps={STEPS}")
     single = subprocess.run(
         [sys.executable, "-c", WITHOUT_RAY, *args, "trainer.single_process=true"]
         + [f"trainer.save_checkpoint_path={tmp_path / 'single'}"],
