@@ -18,11 +18,14 @@ demo: install
 demo-agent: install
 	$(PYTHON) -m easyr1.tools.demo --env target
 
+# The whole suite, then tests/gpu again on the CPU with Ray and vLLM unimportable (as on the GPU test machines).
 test: install
-	$(PYTHON) -m pytest tests -q
+	$(PYTHON) -m pytest tests -q --durations=25
+	EASYR1_GPU_TESTS_ON_CPU=1 $(PYTHON) -m pytest tests/gpu -q -p no:cacheprovider
 
+# The tests that start no Ray, no vLLM engine and no training run (markers: pyproject.toml); a few minutes.
 test-fast: install
-	$(PYTHON) -m pytest tests -q -m "not slow"
+	EASYR1_TEST_TIER=fast $(PYTHON) -m pytest tests -q -m "not ray and not vllm and not e2e"
 
 quality: install
 	$(PYTHON) -m ruff check easyr1 tests scripts bench reward_function

@@ -1,10 +1,10 @@
 """A run's parts, built from its config and handed to the :class:`~easyr1.trainer.Trainer`, which only orders them.
 
-:func:`build_trainer` reads the tokenizer, the data (or an agent's environment seeds) and the reward file (user
-code), settles the config (:meth:`~easyr1.config.PPOConfig.settle`: steps, device), opens the checkpoint directory
-and the trackers, starts the worker group (Ray actors, or with ``trainer.single_process`` one worker in this process)
-and wires the rollout stage to the workers and the reward scorer. Everything that can fail on bad input fails here
-before any worker loads a model; a resumed run's state is read before anything is written.
+:func:`read_inputs` reads the tokenizer, the data (or an agent's environment seeds) and the reward file (user code),
+before anything starts: bad input fails there, cheaply. :func:`build_trainer` settles the config
+(:meth:`~easyr1.config.PPOConfig.settle`: steps, device), opens the checkpoint directory and the trackers, starts the
+worker group (Ray actors, or with ``trainer.single_process`` one worker in this process) and wires the rollout stage
+to the workers and the reward scorer; a resumed run's state is read before anything is written.
 
 Ray is imported only for a Ray run: with ``trainer.single_process`` this module, the trainer and the stages run where
 Ray is not installed (the GPU check, ``tests/gpu``).
@@ -13,6 +13,7 @@ Ray is not installed (the GPU check, ``tests/gpu``).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +41,23 @@ from easyr1.workers.hybrid_worker import HybridWorker
 GPU_WORKER_THREADS = 8
 
 
-def build_trainer(config: PPOConfig) -> Trainer:
-    """The trainer of ``config`` with its parts: workers started and their models loaded, resumed if a checkpoint
-    says so. A Ray run needs a Ray cluster (``easyr1.main.init_ray``); ``trainer.single_process`` needs none."""
+@dataclass
+class RunInputs:
+    """What a run reads before it starts anything: the tokenizer and processor, the model's config, the training
+    prompts (or an agent's seeds) with the validation set, the reward function, and the run's length."""
+
+    tokenizer: Any
+    processor: Any
+    model_config: Any
+    prompts: Any
+    val_dataset: RLDataset | None
+    reward_fn: Any
+    total_steps: int
+
+
+def read_inputs(config: PPOConfig) -> RunInputs:
+    """Read and check the run's inputs: the tokenizer, the reward file (user code) or the environment, every dataset
+    row. Nothing starts (no Ray, no worker): bad input fails here, cheaply."""
     model = config.worker.actor.model
     tokenizer, processor = load_tokenizer_and_processor(model.tokenizer_path, model.trust_remote_code)
     model_config = load_model_config(model.model_path, model.trust_remote_code, model.override_config)
@@ -61,6 +76,15 @@ def build_trainer(config: PPOConfig) -> Trainer:
         reward_fn = load_reward_function(reward.reward_function, reward.reward_function_kwargs, reward.reward_type)
         prompts, val_dataset, steps_per_epoch = _prompts(config, tokenizer, processor, model_config, round_size)
     total_steps = config.trainer.max_steps or steps_per_epoch * config.trainer.total_epochs
+    return RunInputs(tokenizer, processor, model_config, prompts, val_dataset, reward_fn, total_steps)
+
+
+def build_trainer(config: PPOConfig, inputs: RunInputs | None = None) -> Trainer:
+    """The trainer of ``config`` with its parts: workers started and their models loaded, resumed if a checkpoint
+    says so. ``inputs``: what :func:`read_inputs` read (read here when not given). A Ray run needs a Ray cluster
+    (``easyr1.main.init_ray``); ``trainer.single_process`` needs none."""
+    inputs = inputs or read_inputs(config)
+    tokenizer, prompts, total_steps = inputs.tokenizer, inputs.prompts, inputs.total_steps
     device = run_device(config)
     for notice in config.settle(total_steps, device):
         print(f"easyr1: {notice}", flush=True)
@@ -90,10 +114,10 @@ def build_trainer(config: PPOConfig) -> Trainer:
         workers.check_shared_directory(config.trainer.save_checkpoint_path, "trainer.save_checkpoint_path")
         workers.run_all(HybridWorker.init_models)
         if config.env.enabled:
-            stage: Any = MultiTurnStage(config, workers, tokenizer, processor, model_config)
+            stage: Any = MultiTurnStage(config, workers, tokenizer, inputs.processor, inputs.model_config)
         else:
-            scorer = start_scorer(config, reward_fn)
-            stage = SingleTurnStage(config, workers, scorer, prompts, tokenizer, val_dataset)
+            scorer = start_scorer(config, inputs.reward_fn)
+            stage = SingleTurnStage(config, workers, scorer, prompts, tokenizer, inputs.val_dataset)
         trainer = Trainer(
             config,
             workers=workers,

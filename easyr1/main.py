@@ -121,17 +121,18 @@ def run(argv: list[str]) -> list[dict[str, float]]:
     if ignored:
         notice = f"easyr1: notice: accepted for EasyR1 compatibility, no effect here: {', '.join(ignored)}"
         print(notice, file=sys.stderr)
-    from easyr1.build import build_trainer, report_locations
+    from easyr1.build import build_trainer, read_inputs, report_locations
 
     for line in report_locations(config):
         print(f"easyr1: {line}", flush=True)
     check_against_model(config, read_model_config(config.worker.actor.model))
     # memory and step-time plan from config.json alone: a run that cannot fit stops here, before Ray or any model
     print(check_plan_fits(config), flush=True)
+    inputs = read_inputs(config)  # the tokenizer, the reward file and every dataset row, before anything starts
     if not config.trainer.single_process:
         init_ray(config.world_size, config.trainer.nnodes, timeline=bool(config.trainer.ray_timeline))
     try:
-        trainer = build_trainer(config)
+        trainer = build_trainer(config, inputs)
         try:
             return trainer.fit()
         finally:

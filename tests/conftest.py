@@ -5,7 +5,8 @@
 - ``tiny_qwen2_5_vl_dir``: the Qwen2.5-VL one.
 - ``tiny_dataset_dir``: the shape dataset with 64 training and 16 validation rows of 56x56 images.
 - ``process_group``: a one-rank gloo process group for the duration of a test.
-- ``validated_run``: one finished 3-step run with validation and kept rollouts (CLI, Ray, vLLM).
+- ``validated_run``: one finished 3-step run with validation and kept rollouts (the CLI in this process, Ray, vLLM).
+- ``rank_environment``: puts back what a worker run in this process sets (rank environment, torch threads).
 """
 
 from __future__ import annotations
@@ -95,6 +96,28 @@ def tiny_dataset_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
+def rank_environment(monkeypatch):
+    """For a test that runs a worker in this process (``trainer.single_process``, ``LocalWorkerGroup``): the rank
+    environment the worker sets (RANK, MASTER_PORT, OMP_NUM_THREADS, ...) and torch's thread count are put back
+    afterwards."""
+    import torch
+
+    threads = torch.get_num_threads()
+    for key in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "OMP_NUM_THREADS",
+    ):
+        monkeypatch.delenv(key, raising=False)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def process_group():
     """A one-rank gloo process group for tests of sharded models in this process (destroyed afterwards)."""
     import socket
@@ -113,10 +136,11 @@ def process_group():
 def validated_run(tiny_qwen2_5_vl_dir: Path, tiny_dataset_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """One finished 3-step CLI run with validation (before training, every 2 steps, after the last) and two
     prompts' rollouts kept: ``(run_dir, CompletedProcess)``, shared by the validation and report tests."""
-    from test_cli import base_args, run_cli
+    from helpers import train
+    from test_cli import base_args
 
     run_dir = tmp_path_factory.mktemp("validated_run") / "run"
-    result = run_cli(
+    result = train(
         [
             *base_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir),
             f"data.val_files={tiny_dataset_dir / 'val.jsonl'}",

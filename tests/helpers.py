@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import os
 import socket
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -55,6 +57,30 @@ def start_ray(num_cpus: int = 4, num_gpus: int = 0) -> None:
             }
         },
     )
+
+
+@dataclass
+class Run:
+    """What a run of the CLI left: its exit code and what it printed."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def train(args: list[str]) -> Run:
+    """``python -m easyr1.main ARGS`` in this process, on the session's Ray cluster (none with
+    ``trainer.single_process``): the CLI's whole path but the interpreter's start-up, for tests whose point is not the
+    process (those that kill it or look at what it leaves behind run it in a process of its own:
+    ``test_cli.run_cli``)."""
+    from easyr1.main import main
+
+    if "trainer.single_process=true" not in args:
+        start_ray()
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(args)
+    return Run(code, out.getvalue(), err.getvalue())
 
 
 def demo_config(model_dir: Path, data_dir: Path, *overrides: str) -> PPOConfig:

@@ -16,7 +16,7 @@ from easyr1.protocol import Batch
 from easyr1.workers.actor import Actor, micro_batches
 
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.ray
 
 PROBE_PARAMETERS = ("model.language_model.layers.0.self_attn.q_proj.weight", "model.visual.blocks.0.attn.qkv.weight")
 

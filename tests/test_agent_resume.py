@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_cli import run_cli
+from helpers import train
 from test_resume_fault import deterministic_metrics, kill_hard, start
 
 from easyr1.checkpoint.manager import CheckpointDirectory
 from easyr1.checkpoint.merge import load_model_state_dict
 
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.e2e]
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 4
@@ -47,7 +47,7 @@ def agent_args(model_dir: Path, run_dir: Path) -> list[str]:
 
 def test_agent_run_killed_mid_run_resumes_exactly(tiny_qwen2_5_vl_dir, tmp_path):
     reference_dir, run_dir = tmp_path / "uninterrupted", tmp_path / "interrupted"
-    reference = run_cli(agent_args(tiny_qwen2_5_vl_dir, reference_dir))
+    reference = train(agent_args(tiny_qwen2_5_vl_dir, reference_dir))  # in this process: not the point here
     assert reference.returncode == 0, reference.stderr[-4000:]
     expected = deterministic_metrics(reference_dir)
     assert sorted(expected) == list(range(1, STEPS + 1))
@@ -65,7 +65,7 @@ def test_agent_run_killed_mid_run_resumes_exactly(tiny_qwen2_5_vl_dir, tmp_path)
     kill_hard(process)
     assert CheckpointDirectory(run_dir).complete_steps() == [2]
 
-    final = run_cli(args)
+    final = train(args)  # resumed to the end, in this process
     assert final.returncode == 0, final.stderr[-4000:]
     assert "resumed from" in final.stdout
     actual = deterministic_metrics(run_dir)

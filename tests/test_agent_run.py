@@ -13,13 +13,12 @@ from helpers import demo_config, start_ray
 from easyr1.envs import ENVIRONMENTS
 
 
+pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.e2e]
+
+
 @pytest.fixture(scope="module", autouse=True)
 def ray_cluster():
-    import ray
-
-    start_ray(num_cpus=4)
-    yield
-    ray.shutdown()
+    start_ray()
 
 
 def agent_run(

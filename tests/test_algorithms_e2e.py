@@ -1,6 +1,8 @@
 """Every advantage estimator with its natural loss, 3 steps on the tiny VLM through the CLI entry point.
 
-All runs share one Ray cluster (the CLI reuses a running one); each builds and tears down its own workers.
+Each run is the whole loop in this process (``trainer.single_process``: one worker, vLLM, no Ray), so a variant costs
+seconds: the variants differ in what the driver and the worker compute, not in how calls cross processes, which the
+Ray runs of the other end-to-end tests (and ``test_single_process.py``'s equality with a Ray run) cover.
 """
 
 from __future__ import annotations
@@ -9,16 +11,17 @@ import json
 import math
 
 import pytest
-import ray
-from helpers import demo_config, start_ray
+from helpers import demo_config
 from test_cli import base_args
 
-from easyr1.distributed import WorkerGroup
+from easyr1.build import start_workers
 from easyr1.main import main
 from easyr1.workers.hybrid_worker import HybridWorker
 
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.vllm, pytest.mark.e2e, pytest.mark.usefixtures("rank_environment")]
+# one worker in this process
+SINGLE_PROCESS = ["trainer.single_process=true", "trainer.n_gpus_per_node=1"]
 
 STEPS = 3
 
@@ -61,17 +64,26 @@ RUNS = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_cluster():
-    start_ray()
-    yield
-    ray.shutdown()
+@pytest.fixture(autouse=True)
+def rank_environment(monkeypatch):
+    """The in-process worker sets its rank environment (RANK, MASTER_PORT, ...); put it back after each run."""
+    for key in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "OMP_NUM_THREADS",
+    ):
+        monkeypatch.delenv(key, raising=False)
 
 
 def run(model_dir, data_dir, run_dir, extra: list[str]) -> list[dict]:
     code = main(
         [
             *base_args(model_dir, data_dir),
+            *SINGLE_PROCESS,
             f"trainer.max_steps={STEPS}",
             "worker.rollout.n=4",
             f"trainer.save_checkpoint_path={run_dir}",
@@ -152,13 +164,20 @@ def test_algorithm_runs_three_steps(name, tiny_qwen2_5_vl_dir, tiny_dataset_dir,
 
 
 def test_disable_kl_loads_no_reference_model(tiny_qwen2_5_vl_dir, tiny_dataset_dir):
-    config = demo_config(tiny_qwen2_5_vl_dir, tiny_dataset_dir, "algorithm.disable_kl=true")
-    group = WorkerGroup(HybridWorker, 2, init_args=(config,))
-    try:
-        group.run_all(HybridWorker.init_models)
-        assert group.run_all(HybridWorker.has_reference_model) == [False, False]
-    finally:
-        group.shutdown()
+    for disable_kl in (True, False):
+        config = demo_config(
+            tiny_qwen2_5_vl_dir,
+            tiny_dataset_dir,
+            *SINGLE_PROCESS,
+            "worker.rollout.name=hf",
+            f"algorithm.disable_kl={disable_kl}",
+        )
+        group = start_workers(config, "cpu")
+        try:
+            group.run_all(HybridWorker.init_models)
+            assert group.run_all(HybridWorker.has_reference_model) == [not disable_kl]
+        finally:
+            group.shutdown()
 
 
 def test_online_filtering_gives_up_with_a_clear_error(capsys, tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
@@ -166,6 +185,7 @@ def test_online_filtering_gives_up_with_a_clear_error(capsys, tiny_qwen2_5_vl_di
     code = main(
         [
             *base_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir),
+            *SINGLE_PROCESS,
             "trainer.max_steps=1",
             "algorithm.online_filtering=true",
             "algorithm.filter_low=0.99",

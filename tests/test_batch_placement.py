@@ -69,7 +69,6 @@ def record_input_devices(model: torch.nn.Module) -> set[str]:
     return seen
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 def test_actor_and_critic_take_host_batches_and_return_host_tensors(device, tiny_qwen2_5_vl_dir, tiny_dataset_dir):
     config = demo_config(tiny_qwen2_5_vl_dir, tiny_dataset_dir)

@@ -47,6 +47,7 @@ def run_cli(args: list[str], timeout: float = 600) -> subprocess.CompletedProces
     )
 
 
+@pytest.mark.e2e  # the CLI in a process of its own (it stops before Ray)
 def test_unknown_key_through_the_real_cli(tiny_qwen2_5_vl_dir, tiny_dataset_dir):
     result = run_cli([*base_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir), "worker.actor.global_batchsize=4"])
     assert result.returncode == 2
@@ -101,14 +102,17 @@ def test_unreadable_image(capsys, tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_pat
     assert str(broken.name) in err and "5" in err
 
 
-@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.vllm
 def test_reward_function_that_raises_stops_the_run(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
+    from helpers import train
+
     reward = tmp_path / "bad_reward.py"
     reward.write_text(
         "def compute_score(reward_inputs):\n"
         "    return [{'overall': 1.0 / (len(item['response']) - len(item['response']))} for item in reward_inputs]\n"
     )
-    result = run_cli(
+    result = train(
         [
             *base_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir),
             f"worker.reward.reward_function={reward}:compute_score",

@@ -20,7 +20,7 @@ from easyr1.engines.base import SamplingSettings
 from easyr1.protocol import Batch
 
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.vllm
 
 GREEDY = SamplingSettings(max_tokens=6, greedy=True, ignore_eos=True)
 PIXELS = {"qwen2_5_vl": 3136, "qwen3_vl": 4096}  # an image of 2x2 merged patches for each family's processor

@@ -360,11 +360,14 @@ def test_overlong_vision_prompt_is_caught_before_any_model_loads(data_dir, model
     assert "filtered 2 of 3 prompts longer than max_prompt_length=32" in capsys.readouterr().out
 
 
-@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.vllm
+@pytest.mark.e2e
 def test_training_runs_on_the_good_rows_of_a_dataset_with_every_bad_row(
     data_dir, tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path
 ):
-    from test_cli import base_args, run_cli
+    from helpers import train
+    from test_cli import base_args
 
     shape_rows = [json.loads(line) for line in (tiny_dataset_dir / "train.jsonl").read_text().splitlines()]
     for row in shape_rows:  # absolute paths: the mixed file lives in another folder
@@ -372,7 +375,7 @@ def test_training_runs_on_the_good_rows_of_a_dataset_with_every_bad_row(
     bad = [row for row, _, _ in CASES.values()]
     write(data_dir / "train_with_bad.jsonl", shape_rows[:32] + bad)
     run_dir = tmp_path / "run"
-    result = run_cli(
+    result = train(
         [
             *base_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir),
             f"data.train_files={data_dir / 'train_with_bad.jsonl'}",

@@ -15,7 +15,7 @@ from easyr1.protocol import Batch  # noqa: TC001
 from easyr1.workers.actor import Actor
 
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.ray
 
 NUM_SAMPLES = 8
 PROBE_PARAMETER = "model.language_model.layers.0.self_attn.q_proj.weight"

@@ -5,17 +5,18 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_cli import base_args, run_cli
+from helpers import train
+from test_cli import base_args
 
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.e2e]
 
 STEPS = 20
 
 
 def test_grpo_reward_rises_and_metrics_are_logged(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
     run_dir = tmp_path / "run"
-    result = run_cli(
+    result = train(
         [
             *base_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir),
             f"trainer.max_steps={STEPS}",
@@ -78,7 +79,7 @@ def test_balancing_the_batch_across_workers_keeps_rewards_on_their_samples(
     firsts = {}
     for balance in (True, False):
         run_dir = tmp_path / f"balance_{balance}"
-        result = run_cli(
+        result = train(
             [
                 *base_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir),
                 "trainer.max_steps=1",

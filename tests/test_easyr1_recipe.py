@@ -13,7 +13,7 @@ from helpers import REPO
 from test_cli import run_cli
 
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.e2e]
 
 STEPS = 2
 

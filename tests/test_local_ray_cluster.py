@@ -12,6 +12,9 @@ from helpers import REPO
 from easyr1.main import TASK_EVENTS_KEPT
 
 
+pytestmark = pytest.mark.ray
+
+
 READ_BACK = (
     "import ray\n"
     "from easyr1.main import init_ray\n"

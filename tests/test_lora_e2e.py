@@ -7,13 +7,14 @@ import json
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from test_cli import base_args, run_cli
+from helpers import train
+from test_cli import base_args
 
 from easyr1.checkpoint.merge import load_model_state_dict
 from easyr1.models.loading import load_model
 
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.e2e]
 
 
 def optimizer_state_keys(actor_dir) -> set[str]:
@@ -22,8 +23,8 @@ def optimizer_state_keys(actor_dir) -> set[str]:
     return {key.split(".", 1)[1].rsplit(".", 1)[0] for key in metadata if key.startswith("state.")}
 
 
-def train(model_dir, data_dir, run_dir, *overrides: str) -> list[dict]:
-    result = run_cli(
+def train_records(model_dir, data_dir, run_dir, *overrides: str) -> list[dict]:
+    result = train(
         [
             *base_args(model_dir, data_dir),
             "worker.actor.optim.lr=1e-2",
@@ -36,7 +37,7 @@ def train(model_dir, data_dir, run_dir, *overrides: str) -> list[dict]:
 
 
 def test_lora_trains_only_the_adapters(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
-    records = train(
+    records = train_records(
         tiny_qwen2_5_vl_dir,
         tiny_dataset_dir,
         tmp_path / "run",
@@ -67,7 +68,7 @@ def test_lora_trains_only_the_adapters(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tm
 
 
 def test_frozen_vision_tower_does_not_change(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
-    train(
+    train_records(
         tiny_qwen2_5_vl_dir,
         tiny_dataset_dir,
         tmp_path / "run",

@@ -240,7 +240,7 @@ def _gaps(log_probs: torch.Tensor, batch: Batch) -> torch.Tensor:
     return ((log_probs - batch["rollout_log_probs"]).abs() * mask).amax(dim=-1)
 
 
-@pytest.mark.slow
+@pytest.mark.vllm
 @pytest.mark.parametrize("family", FAMILIES)
 def test_vllm_and_actor_log_probs_agree_on_every_row_kind(family, tiny_model_dir, mixed_dir, engine_world):
     model_dir = tiny_model_dir(family)

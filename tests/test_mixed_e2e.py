@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_cli import base_args, run_cli
+from helpers import train
+from test_cli import base_args
 
 from easyr1.tools.tiny_dataset import build_mixed_dataset
 
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.e2e]
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +23,7 @@ def mixed_dataset_dir(tmp_path_factory):
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_mixed_rows_train_three_steps(family, tiny_model_dir, mixed_dataset_dir, tmp_path):
     run_dir = tmp_path / "run"
-    result = run_cli(
+    result = train(
         [
             *base_args(tiny_model_dir(family), mixed_dataset_dir),
             f"data.train_files={mixed_dataset_dir / 'train.jsonl'}",

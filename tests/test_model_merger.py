@@ -117,7 +117,6 @@ def test_lora_export_is_base_plus_adapter(process_group, tiny_qwen2_5_vl_dir, ti
     assert (expected - base).abs().max() > 1e-3  # the adapters changed the model, and the export has them
 
 
-@pytest.mark.slow  # two spawned processes import torch and transformers: ~25 s on 2 cores
 def test_two_ranks_export_the_same_model_as_one(process_group, tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
     one_rank, two_ranks = tmp_path / "one" / "actor", tmp_path / "two" / "actor"
     trained_checkpoint(tiny_qwen2_5_vl_dir, tiny_dataset_dir, one_rank)
@@ -175,7 +174,7 @@ def test_text_model_exports_as_a_causal_lm_and_mismatched_config_is_an_error(pro
     assert (target / "model.safetensors").is_file()  # the failed export left the earlier one alone
 
 
-@pytest.mark.slow
+@pytest.mark.vllm
 def test_vllm_serves_the_export(process_group, tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
     actor_dir = tmp_path / "global_step_2" / "actor"
     trained_checkpoint(tiny_qwen2_5_vl_dir, tiny_dataset_dir, actor_dir)

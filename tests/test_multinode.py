@@ -23,7 +23,7 @@ from helpers import REPO
 from test_cli import base_args, run_cli
 
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.e2e]
 
 RAY = str(Path(sys.executable).with_name("ray"))
 # Each node: one worker, plus room for the reward actor on either node.

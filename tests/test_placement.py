@@ -174,6 +174,7 @@ def ray_with_a_claimed_gpu():
     ray.shutdown()
 
 
+@pytest.mark.ray
 def test_more_nodes_than_the_cluster_has_fails_at_once(ray_with_a_claimed_gpu):
     start = time.monotonic()
     with pytest.raises(UserError) as error:
@@ -183,6 +184,7 @@ def test_more_nodes_than_the_cluster_has_fails_at_once(ray_with_a_claimed_gpu):
     assert "trainer.nnodes=2" in message and f"CPU {CLUSTER_CPUS}, GPU 1" in message
 
 
+@pytest.mark.ray
 def test_more_workers_per_node_than_the_node_has_fails_at_once(ray_with_a_claimed_gpu):
     with pytest.raises(UserError) as error:
         WorkerGroup(Worker, CLUSTER_CPUS + 1)
@@ -190,6 +192,7 @@ def test_more_workers_per_node_than_the_node_has_fails_at_once(ray_with_a_claime
     assert f"trainer.n_gpus_per_node={CLUSTER_CPUS + 1}" in message and "lower trainer.n_gpus_per_node" in message
 
 
+@pytest.mark.ray
 def test_resources_held_by_someone_else_time_out_with_a_clear_error(ray_with_a_claimed_gpu):
     from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
@@ -212,7 +215,7 @@ def test_resources_held_by_someone_else_time_out_with_a_clear_error(ray_with_a_c
         time.sleep(0.2)
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 def test_worker_given_a_gpu_it_cannot_see_refuses_then_the_resources_are_free_again(ray_with_a_claimed_gpu):
     ray = ray_with_a_claimed_gpu
     assert resolve_device("auto", ray.cluster_resources()) == "cuda"

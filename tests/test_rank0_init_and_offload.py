@@ -20,7 +20,7 @@ from easyr1.protocol import Batch
 from easyr1.workers.hybrid_worker import HybridWorker
 
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.ray
 
 NUM_SAMPLES = 4
 MEMORY_SETTINGS = (

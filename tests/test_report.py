@@ -67,7 +67,9 @@ def chromium() -> str:
     return found
 
 
-@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.vllm
+@pytest.mark.e2e
 def test_report_of_a_finished_run_renders_in_headless_chromium(validated_run, tmp_path):
     run_dir, _ = validated_run
     index = write_report(run_dir)

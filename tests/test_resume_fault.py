@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_cli import base_args, run_cli
+from helpers import train
+from test_cli import base_args
 
 from easyr1.checkpoint.manager import TRACKER_NAME, CheckpointDirectory
 from easyr1.checkpoint.merge import load_model_state_dict
 
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.e2e]
 
 STEPS = 6
 
@@ -83,15 +84,15 @@ def test_kill_during_checkpoint_write_and_at_random_then_resume_exactly(
     tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path
 ):
     reference_dir, run_dir = tmp_path / "uninterrupted", tmp_path / "interrupted"
-    began = time.perf_counter()
-    reference = run_cli(run_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir, reference_dir))
-    reference_seconds = time.perf_counter() - began
+    # the uninterrupted run in this process: its process is not the point
+    reference = train(run_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir, reference_dir))
     assert reference.returncode == 0, reference.stderr[-4000:]
     expected = deterministic_metrics(reference_dir)
     assert sorted(expected) == list(range(1, STEPS + 1))
 
     # 1. Killed while step 4's checkpoint is being written: the partial step stays on disk under its staging name.
     args = run_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir, run_dir)
+    began = time.perf_counter()
     process = start(args, tmp_path / "run1.log")
     partial = run_dir / "global_step_4.partial"
     deadline = time.monotonic() + 600
@@ -99,13 +100,15 @@ def test_kill_during_checkpoint_write_and_at_random_then_resume_exactly(
         assert process.poll() is None, (tmp_path / "run1.log").read_text()[-4000:]
         assert time.monotonic() < deadline, "step 4's checkpoint was never written"
         time.sleep(0.002)
+    # a whole run in a process of its own lasts about as long as this one took to reach step 4, times 6 / 4
+    run_seconds = (time.perf_counter() - began) * STEPS / 4
     kill_hard(process)
     assert partial.exists() and not (run_dir / "global_step_4").exists()
     assert CheckpointDirectory(run_dir).complete_steps() == [2]
 
     # 2. Resumed, and killed again at a random moment of its run (or not at all if it finishes first).
     seed = int(os.environ.get("EASYR1_FAULT_SEED", random.SystemRandom().randrange(10**6)))
-    delay = random.Random(seed).uniform(0.0, reference_seconds)
+    delay = random.Random(seed).uniform(0.0, run_seconds)
     process = start(args, tmp_path / "run2.log")
     try:
         process.wait(timeout=delay)
@@ -114,7 +117,7 @@ def test_kill_during_checkpoint_write_and_at_random_then_resume_exactly(
     context = f"(second kill after {delay:.1f} s; EASYR1_FAULT_SEED={seed} replays it)"
 
     # 3. Resumed to the end.
-    final = run_cli(args)
+    final = train(args)  # resumed to the end, in this process
     assert final.returncode == 0, f"{context}\n{final.stderr[-4000:]}"
     assert "resumed from" in final.stdout, context
 

@@ -14,6 +14,9 @@ from easyr1.distributed.sample_cache import SampleCacheMiss
 from easyr1.protocol import Batch
 
 
+pytestmark = pytest.mark.ray
+
+
 VISION = "multi_modal_inputs"
 NUM_PROMPTS, N = 4, 2
 

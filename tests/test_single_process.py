@@ -20,7 +20,7 @@ from test_cli import base_args
 from easyr1.main import main
 
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.e2e]
 
 STEPS = 5
 # measurements, not results: they differ between any two runs

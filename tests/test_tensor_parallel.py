@@ -15,7 +15,7 @@ from easyr1.protocol import Batch
 from easyr1.workers.hybrid_worker import HybridWorker
 
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.ray, pytest.mark.vllm]
 
 
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 6, "ignore_eos": False}

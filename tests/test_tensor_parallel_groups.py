@@ -42,7 +42,6 @@ def _gather_on_rank(rank: int, world_size: int, port: int, tensor_parallel_size:
     dist.destroy_process_group()
 
 
-@pytest.mark.slow  # four spawned processes importing torch: ~25 s on two cores
 def test_gather_rows_pools_the_group_and_returns_each_rank_its_own(tmp_path):
     world_size, tensor_parallel_size = 4, 2
     with socket.socket() as sock:

@@ -16,6 +16,9 @@ from easyr1.distributed.sample_cache import payload_bytes
 from easyr1.distributed.tensor_pickling import rebuild
 
 
+pytestmark = pytest.mark.ray
+
+
 class Echo(Worker):
     """Sends back what it got, after changing it in place when asked."""
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_cli import base_args, run_cli
+from helpers import train
+from test_cli import base_args
 
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.e2e]
 
 THINGS = [("grass", "green"), ("the sky", "blue"), ("a banana", "yellow"), ("a tomato", "red")]
 
@@ -23,7 +24,7 @@ def test_text_only_causal_lm_trains_three_steps(tiny_model_dir, tiny_dataset_dir
         )
     )
     run_dir = tmp_path / "run"
-    result = run_cli(
+    result = train(
         [
             *base_args(tiny_model_dir("qwen3"), tiny_dataset_dir),
             f"data.train_files={data}",

@@ -175,7 +175,7 @@ _VLLM_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.slow
+@pytest.mark.vllm
 def test_vllm_serves_the_tiny_model_with_text_and_image_prompts(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
     from easyr1.data import RLDataset
     from easyr1.models.rope import extend_position_ids

@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_cli import base_args, run_cli
+from helpers import train
+from test_cli import base_args
 
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.e2e]
 
 
 def records_of(run_dir) -> list[dict]:
@@ -38,7 +39,7 @@ def test_validation_before_and_during_training(validated_run):
 
 def test_val_only_runs_validation_and_nothing_else(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
     run_dir = tmp_path / "run"
-    result = run_cli(
+    result = train(
         [
             *base_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir),
             f"data.val_files={tiny_dataset_dir / 'val.jsonl'}",

@@ -16,7 +16,7 @@ from helpers import prompt_batch, single_rank_vllm_world
 from easyr1.engines.base import SamplingSettings
 
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.vllm
 
 EPS = 1e-3  # the tiny model's config has rms_norm_eps 1e-6
 

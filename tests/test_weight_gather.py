@@ -71,7 +71,7 @@ def test_one_rank_gather_equals_the_all_at_once_gather(tiny_qwen2_5_vl_dir, proc
     check_gathers(gather_both_ways(str(tiny_qwen2_5_vl_dir), mixed), mixed)
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 def test_two_rank_gather_equals_the_all_at_once_gather(tiny_qwen2_5_vl_dir):
     start_ray()
     group = WorkerGroup(GatherProbe, 2)

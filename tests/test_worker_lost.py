@@ -20,7 +20,7 @@ from test_cli import base_args
 from easyr1.checkpoint.manager import CheckpointDirectory
 
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.e2e]
 
 
 def wait_for(condition, timeout: float, what: str) -> None:
