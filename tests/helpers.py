@@ -28,10 +28,10 @@ REPO = Path(__file__).resolve().parents[1]
 _started: tuple[int, int] | None = None
 
 
-def start_ray(num_cpus: int = 4, num_gpus: int = 0) -> None:
-    """A small local Ray cluster for the tests (a small object store; no dashboard; no auth token), started once per
-    session: a module that needs Ray calls this, and gets the cluster already running unless it asks for other
-    resources (or the last one was shut down)."""
+def start_ray(num_cpus: int = 6, num_gpus: int = 0) -> None:
+    """A small local Ray cluster for the tests (logical CPUs for 4 workers and a reward actor; a small object store; no
+    dashboard; no auth token), started once per session: a module that needs Ray calls this, and gets the cluster
+    already running unless it asks for other resources (or the last one was shut down)."""
     import ray
 
     global _started
@@ -57,6 +57,11 @@ def start_ray(num_cpus: int = 4, num_gpus: int = 0) -> None:
             }
         },
     )
+
+
+# The CLI's arguments for a run in this process, without Ray (one worker): for runs whose point is neither Ray nor two
+# workers. Tests using it ask for the `rank_environment` fixture (what the worker sets in this process is put back).
+ONE_PROCESS = ["trainer.single_process=true", "trainer.n_gpus_per_node=1"]
 
 
 @dataclass
@@ -156,3 +161,23 @@ def single_rank_vllm_world(**extra_env: str) -> Iterator[None]:
 
         destroy_model_parallel()
         destroy_distributed_environment()  # also destroys torch's default group
+
+
+def vllm_generate(model_dir: Path, requests: list, params, **engine_args) -> list:
+    """A plain ``vllm.LLM`` of ``model_dir`` (float32, eager) generating ``requests`` in this process, on a one-rank
+    world through vLLM's external launcher; the engine is gone afterwards."""
+    from vllm import LLM
+
+    with single_rank_vllm_world(VLLM_CPU_KVCACHE_SPACE="1"):
+        llm = LLM(
+            model=str(model_dir),
+            dtype="float32",
+            max_model_len=256,
+            seed=0,
+            enforce_eager=True,
+            distributed_executor_backend="external_launcher",
+            **engine_args,
+        )
+        outputs = llm.generate(requests, params, use_tqdm=False)
+        del llm
+    return outputs

@@ -1,6 +1,7 @@
 """An agent run killed with ``kill -9`` mid-run and resumed continues exactly: the same metrics per step and
 bit-identical final weights as an uninterrupted run (the seed stream's position is in the checkpoint; environment
-and sampling seeds are functions of the step)."""
+and sampling seeds are functions of the step). The runs are single-process: what an agent adds to resuming is the
+driver's state; killing a Ray run's driver and its workers is ``test_resume_fault.py``."""
 
 from __future__ import annotations
 
@@ -9,23 +10,24 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import train
+from helpers import ONE_PROCESS, train
 from test_resume_fault import deterministic_metrics, kill_hard, start
 
 from easyr1.checkpoint.manager import CheckpointDirectory
 from easyr1.checkpoint.merge import load_model_state_dict
 
 
-pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.e2e]
+pytestmark = [pytest.mark.vllm, pytest.mark.e2e, pytest.mark.usefixtures("rank_environment")]
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 4
 
 
 def agent_args(model_dir: Path, run_dir: Path) -> list[str]:
-    """4 GRPO steps of 2 seeds x 4 episodes (3 turns, an image each), a checkpoint every 2 steps."""
+    """4 GRPO steps of 2 seeds x 4 episodes (3 turns, an image each), a checkpoint every 2 steps, in one process."""
     return [
         f"config={REPO / 'examples' / 'config_cpu.yaml'}",
+        *ONE_PROCESS,
         f"worker.actor.model.model_path={model_dir}",
         "worker.reward.reward_function=null",
         f"env.env_class={REPO / 'tests' / 'agent_envs.py'}:ColourEnv",

@@ -1,6 +1,7 @@
-"""A tiny agent run end to end (Ray workers, FSDP2 on gloo, the rollout engine, the trainer): two steps on vLLM and
-on the HF engine, with an image on every turn, validation on held-out seeds, and the vLLM-vs-actor log-prob gap
-of multi-turn image trajectories below 1e-3 in fp32; and on vLLM with each turn its own row (env.context=latest)."""
+"""A tiny agent run end to end (FSDP2 on gloo, the engine, the trainer): two steps on vLLM over 2 Ray workers and on
+the HF engine in one process, with an image on every turn, validation on held-out seeds, and the vLLM-vs-actor
+log-prob gap of multi-turn image trajectories below 1e-3 in fp32; and on vLLM with each turn its own row
+(env.context=latest), in one process."""
 
 from __future__ import annotations
 
@@ -8,30 +9,28 @@ import json
 
 import pytest
 from agent_envs import ColourEnv
-from helpers import demo_config, start_ray
+from helpers import ONE_PROCESS, demo_config, start_ray
 
 from easyr1.envs import ENVIRONMENTS
 
 
-pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.e2e]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_cluster():
-    start_ray()
+pytestmark = [pytest.mark.vllm, pytest.mark.e2e, pytest.mark.usefixtures("rank_environment")]
 
 
 def agent_run(
-    model_dir, data_dir, run_dir, engine: str, estimator: str, context: str
+    model_dir, data_dir, run_dir, engine: str, estimator: str, context: str, on_ray: bool
 ) -> tuple[list[dict[str, float]], list[dict], object]:
     """Two steps of 4 seeds x 4 episodes, 3 turns each, validation after the last; returns the metrics, the last
     step's episode records and the trainer's log directory."""
     from easyr1.build import build_trainer
 
     ENVIRONMENTS.register("test_colour")(ColourEnv)
+    if on_ray:
+        start_ray()
     config = demo_config(
         model_dir,
         data_dir,
+        *([] if on_ray else ONE_PROCESS),
         "env.name=test_colour",
         "env.max_turns=3",
         "env.max_tokens_per_turn=4",
@@ -70,15 +69,21 @@ def agent_run(
         trainer.shutdown()
 
 
-# GRPO on vLLM; the turn-level GAE (with its critic) on the HF engine; GRPO on vLLM with one row per turn
+# GRPO on vLLM over 2 Ray workers (a turn's live episodes padded to a multiple of them); the turn-level GAE (with its
+# critic) on the HF engine and GRPO with one row per turn, each in one process
 @pytest.mark.parametrize(
-    "engine, estimator, context", [("vllm", "grpo", "full"), ("hf", "turn_gae", "full"), ("vllm", "grpo", "latest")]
+    "engine, estimator, context, on_ray",
+    [
+        pytest.param("vllm", "grpo", "full", True, marks=pytest.mark.ray),
+        ("hf", "turn_gae", "full", False),
+        ("vllm", "grpo", "latest", False),
+    ],
 )
 def test_two_agent_steps_with_images_on_every_turn(
-    tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path, engine, estimator, context
+    tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path, engine, estimator, context, on_ray
 ):
     history, episodes, log_dir = agent_run(
-        tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path / "run", engine, estimator, context
+        tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path / "run", engine, estimator, context, on_ray
     )
     assert len(history) == 2
     for step in history:

@@ -102,19 +102,26 @@ def test_unreadable_image(capsys, tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_pat
     assert str(broken.name) in err and "5" in err
 
 
-@pytest.mark.ray
+# a reward file that raises on every batch
+RAISING_REWARD = (
+    "def compute_score(reward_inputs):\n"
+    "    return [{'overall': 1.0 / (len(item['response']) - len(item['response']))} for item in reward_inputs]\n"
+)
+
+
 @pytest.mark.vllm
-def test_reward_function_that_raises_stops_the_run(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
-    from helpers import train
+@pytest.mark.e2e
+def test_reward_function_that_raises_stops_the_run(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path, rank_environment):
+    """The run's reward call raises: one message, exit code 2 (in one process; through Ray's reward actor the same
+    error reaches the driver as it is: test_reward.py)."""
+    from helpers import ONE_PROCESS, train
 
     reward = tmp_path / "bad_reward.py"
-    reward.write_text(
-        "def compute_score(reward_inputs):\n"
-        "    return [{'overall': 1.0 / (len(item['response']) - len(item['response']))} for item in reward_inputs]\n"
-    )
+    reward.write_text(RAISING_REWARD)
     result = train(
         [
             *base_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir),
+            *ONE_PROCESS,
             f"worker.reward.reward_function={reward}:compute_score",
             "trainer.max_steps=1",
             f"trainer.save_checkpoint_path={tmp_path / 'run'}",

@@ -360,13 +360,12 @@ def test_overlong_vision_prompt_is_caught_before_any_model_loads(data_dir, model
     assert "filtered 2 of 3 prompts longer than max_prompt_length=32" in capsys.readouterr().out
 
 
-@pytest.mark.ray
 @pytest.mark.vllm
 @pytest.mark.e2e
 def test_training_runs_on_the_good_rows_of_a_dataset_with_every_bad_row(
-    data_dir, tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path
+    data_dir, tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path, rank_environment
 ):
-    from helpers import train
+    from helpers import ONE_PROCESS, train
     from test_cli import base_args
 
     shape_rows = [json.loads(line) for line in (tiny_dataset_dir / "train.jsonl").read_text().splitlines()]
@@ -378,6 +377,7 @@ def test_training_runs_on_the_good_rows_of_a_dataset_with_every_bad_row(
     result = train(
         [
             *base_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir),
+            *ONE_PROCESS,
             f"data.train_files={data_dir / 'train_with_bad.jsonl'}",
             "data.skip_bad_rows=true",
             "trainer.max_steps=2",

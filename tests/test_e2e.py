@@ -1,24 +1,26 @@
-"""End to end through the CLI: GRPO on the tiny VLM via Ray, FSDP2 and vLLM; the reward rises, metrics are logged."""
+"""End to end through the CLI: GRPO on the tiny VLM learns (in one process: FSDP2 and vLLM), and on 2 Ray workers the
+batch's reordering keeps each reward on its sample."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from helpers import train
+from helpers import ONE_PROCESS, train
 from test_cli import base_args
 
 
-pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.e2e]
+pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
 STEPS = 20
 
 
-def test_grpo_reward_rises_and_metrics_are_logged(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
+def test_grpo_reward_rises_and_metrics_are_logged(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path, rank_environment):
     run_dir = tmp_path / "run"
     result = train(
         [
             *base_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir),
+            *ONE_PROCESS,
             f"trainer.max_steps={STEPS}",
             # a high learning rate learns the answer format (any colour word, reward 0.2) within a few steps
             "worker.actor.optim.lr=3e-3",
@@ -69,6 +71,7 @@ def test_grpo_reward_rises_and_metrics_are_logged(tiny_qwen2_5_vl_dir, tiny_data
     assert sum(line.startswith("step ") for line in result.stdout.splitlines()) == STEPS
 
 
+@pytest.mark.ray
 def test_balancing_the_batch_across_workers_keeps_rewards_on_their_samples(
     tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path
 ):

@@ -7,14 +7,14 @@ import json
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from helpers import train
+from helpers import ONE_PROCESS, train
 from test_cli import base_args
 
 from easyr1.checkpoint.merge import load_model_state_dict
 from easyr1.models.loading import load_model
 
 
-pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.e2e]
+pytestmark = [pytest.mark.vllm, pytest.mark.e2e, pytest.mark.usefixtures("rank_environment")]
 
 
 def optimizer_state_keys(actor_dir) -> set[str]:
@@ -27,6 +27,7 @@ def train_records(model_dir, data_dir, run_dir, *overrides: str) -> list[dict]:
     result = train(
         [
             *base_args(model_dir, data_dir),
+            *ONE_PROCESS,
             "worker.actor.optim.lr=1e-2",
             f"trainer.save_checkpoint_path={run_dir}",
             *overrides,

@@ -385,3 +385,33 @@ def test_rewards_make_their_float32_scores_from_overall() -> None:
     rewards = Rewards({"overall": [0.5, 1.0], "acc": [0.0, 1.0]})
     assert rewards.scores.dtype == torch.float32 and rewards.scores.tolist() == [0.5, 1.0]
     assert rewards.index(torch.tensor([1])).scores.tolist() == [1.0]
+
+
+@pytest.mark.ray
+def test_the_ray_scorer_hands_the_reward_files_error_to_the_driver_as_it_is(tmp_path):
+    """Scored in the Ray actor, a reward function that raises reaches the driver as the RewardError the function's
+    own call gives (its message names the sample), not as Ray's task error; a working file scores as in-process."""
+    from helpers import start_ray
+    from test_cli import RAISING_REWARD
+
+    from easyr1.errors import RewardError
+    from easyr1.reward.ray_scorer import RayRewardScorer
+
+    start_ray()
+    bad = tmp_path / "bad_reward.py"
+    bad.write_text(RAISING_REWARD)
+    inputs = [{"response": "red", "response_length": 1, "ground_truth": "red", "prompt": "?"}]
+    scorer = RayRewardScorer(str(bad), {}, None, num_cpus=1)
+    try:
+        pending = scorer.score(inputs)
+        with pytest.raises(RewardError, match=r"ZeroDivisionError.*sample 0"):
+            pending.result()
+    finally:
+        scorer.close()
+    shape_color = str(Path(__file__).resolve().parents[1] / "reward_function" / "shape_color.py")
+    good = RayRewardScorer(shape_color, {}, None, num_cpus=1)
+    try:
+        expected = score_batch(load_reward_function(shape_color), inputs)
+        assert good.score(inputs).result() == expected
+    finally:
+        good.close()

@@ -1,16 +1,16 @@
-"""A text-only causal LM (no processor, 1-row position ids) trains through the whole stack: Ray, FSDP2, vLLM,
-padding-free and dynamic micro-batches."""
+"""A text-only causal LM (no processor, 1-row position ids) trains through the whole loop (in one process): FSDP2,
+vLLM, padding-free and dynamic micro-batches."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from helpers import train
+from helpers import ONE_PROCESS, train
 from test_cli import base_args
 
 
-pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.e2e]
+pytestmark = [pytest.mark.vllm, pytest.mark.e2e, pytest.mark.usefixtures("rank_environment")]
 
 THINGS = [("grass", "green"), ("the sky", "blue"), ("a banana", "yellow"), ("a tomato", "red")]
 
@@ -27,6 +27,7 @@ def test_text_only_causal_lm_trains_three_steps(tiny_model_dir, tiny_dataset_dir
     result = train(
         [
             *base_args(tiny_model_dir("qwen3"), tiny_dataset_dir),
+            *ONE_PROCESS,
             f"data.train_files={data}",
             "trainer.max_steps=3",
             "worker.actor.padding_free=true",

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -145,67 +141,38 @@ def test_loads_with_transformers_and_runs_an_image_forward(tiny_model_dir, famil
     assert torch.isfinite(logits).all()
 
 
-_VLLM_SCRIPT = textwrap.dedent(
-    """
-    import json, sys
-    from vllm import LLM, SamplingParams
-    from transformers import AutoProcessor
-    from easyr1.data import RLDataset
-
-    model_dir, data_file = sys.argv[1], sys.argv[2]
-    processor = AutoProcessor.from_pretrained(model_dir)
-    dataset = RLDataset(data_file, processor.tokenizer, processor, prompt_key="problem", max_prompt_length=64)
-    item = dataset[0]
-    llm = LLM(model=model_dir, dtype="float32", max_model_len=256, seed=0, limit_mm_per_prompt={"image": 1})
-    params = SamplingParams(max_tokens=6, temperature=1.0, logprobs=0, seed=0, ignore_eos=True)
-    text_ids = processor.tokenizer.encode("What is 3 + 4?", add_special_tokens=False)
-    image_request = {"prompt_token_ids": item["raw_prompt_ids"]}
-    image_request["multi_modal_data"] = {"image": item["multi_modal_data"]["images"]}
-    requests = [{"prompt_token_ids": text_ids}, image_request]
-    results = []
-    for output in llm.generate(requests, params, use_tqdm=False):
-        sample = output.outputs[0]
-        results.append({
-            "prompt_token_ids": list(output.prompt_token_ids),
-            "token_ids": list(sample.token_ids),
-            "logprobs": [entry[token].logprob for entry, token in zip(sample.logprobs, sample.token_ids)],
-        })
-    print("RESULT" + json.dumps(results))
-    """
-)
-
-
 @pytest.mark.vllm
-def test_vllm_serves_the_tiny_model_with_text_and_image_prompts(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
+def test_vllm_serves_the_tiny_model_with_text_and_image_prompts(tiny_qwen2_5_vl_dir, tiny_dataset_dir):
+    from helpers import vllm_generate
+    from vllm import SamplingParams
+
     from easyr1.data import RLDataset
     from easyr1.models.rope import extend_position_ids
 
-    env = {
-        **os.environ,
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-        "OMP_NUM_THREADS": "1",
-    }
-    script = tmp_path / "serve.py"
-    script.write_text(_VLLM_SCRIPT)
     data_file = str(tiny_dataset_dir / "train.jsonl")
-    completed = subprocess.run(
-        [sys.executable, str(script), str(tiny_qwen2_5_vl_dir), data_file],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    line = next(line for line in completed.stdout.splitlines() if line.startswith("RESULT"))
-    text_result, image_result = json.loads(line.removeprefix("RESULT"))
-    assert len(text_result["token_ids"]) == 6 and len(image_result["token_ids"]) == 6
-
-    # vLLM expanded the single image pad itself: its prompt ids are exactly the ids the actor trains on.
     processor = AutoProcessor.from_pretrained(tiny_qwen2_5_vl_dir)
     dataset = RLDataset(data_file, processor.tokenizer, processor, prompt_key="problem", max_prompt_length=64)
     item = dataset[0]
+    text_ids = processor.tokenizer.encode("What is 3 + 4?", add_special_tokens=False)
+    image_request = {
+        "prompt_token_ids": item["raw_prompt_ids"],
+        "multi_modal_data": {"image": item["multi_modal_data"]["images"]},
+    }
+    params = SamplingParams(max_tokens=6, temperature=1.0, logprobs=0, seed=0, ignore_eos=True)
+    outputs = vllm_generate(
+        tiny_qwen2_5_vl_dir, [{"prompt_token_ids": text_ids}, image_request], params, limit_mm_per_prompt={"image": 1}
+    )
+    text_result, image_result = (
+        {
+            "prompt_token_ids": list(output.prompt_token_ids),
+            "token_ids": list(sample.token_ids),
+            "logprobs": [entry[token].logprob for entry, token in zip(sample.logprobs, sample.token_ids)],
+        }
+        for output, sample in ((output, output.outputs[0]) for output in outputs)
+    )
+    assert len(text_result["token_ids"]) == 6 and len(image_result["token_ids"]) == 6
+
+    # vLLM expanded the single image pad itself: its prompt ids are exactly the ids the actor trains on.
     mask = item["attention_mask"].bool()
     assert image_result["prompt_token_ids"] == item["input_ids"][mask].tolist()
 

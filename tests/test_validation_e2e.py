@@ -6,17 +6,18 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import train
+from helpers import ONE_PROCESS, train
 from test_cli import base_args
 
 
-pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.e2e]
+pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
 
 def records_of(run_dir) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.ray  # validated_run: 2 Ray workers, validation rounds not a multiple of their share
 def test_validation_before_and_during_training(validated_run):
     run_dir, result = validated_run
     records = records_of(run_dir)
@@ -37,11 +38,12 @@ def test_validation_before_and_during_training(validated_run):
     assert tracker["best_val_reward_score"] == pytest.approx(records[-1]["val/reward_score"])
 
 
-def test_val_only_runs_validation_and_nothing_else(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
+def test_val_only_runs_validation_and_nothing_else(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path, rank_environment):
     run_dir = tmp_path / "run"
     result = train(
         [
             *base_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir),
+            *ONE_PROCESS,
             f"data.val_files={tiny_dataset_dir / 'val.jsonl'}",
             "trainer.val_only=true",
             f"trainer.save_checkpoint_path={run_dir}",
