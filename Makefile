@@ -18,10 +18,20 @@ demo: install
 demo-agent: install
 	$(PYTHON) -m easyr1.tools.demo --env target
 
-# The whole suite, then tests/gpu again on the CPU with Ray and vLLM unimportable (as on the GPU test machines).
+# The whole suite in three pytest processes side by side, as the 2-core machine has room for: the tests that start
+# Ray, vLLM or a training run (the 25 slowest listed); the fast tier (none of those: `make test-fast`); and tests/gpu
+# on the CPU with Ray and vLLM unimportable, as on the GPU test machines. The last two print when the first is done.
 test: install
-	$(PYTHON) -m pytest tests -q --durations=25
-	EASYR1_GPU_TESTS_ON_CPU=1 $(PYTHON) -m pytest tests/gpu -q -p no:cacheprovider
+	@mkdir -p .cache/test
+	@EASYR1_TEST_TIER=fast $(PYTHON) -m pytest tests -q -p no:cacheprovider -m "not ray and not vllm and not e2e" \
+		--durations=5 >.cache/test/fast.log 2>&1 & fast=$$!; \
+	EASYR1_GPU_TESTS_ON_CPU=1 $(PYTHON) -m pytest tests/gpu -q -p no:cacheprovider >.cache/test/gpu-on-cpu.log 2>&1 & \
+	gpu=$$!; \
+	$(PYTHON) -m pytest tests -q -m "ray or vllm or e2e" --durations=25; heavy=$$?; \
+	wait $$fast; fast_rc=$$?; wait $$gpu; gpu_rc=$$?; \
+	echo "--- the fast tier (.cache/test/fast.log)"; tail -n 25 .cache/test/fast.log; \
+	echo "--- tests/gpu on the CPU (.cache/test/gpu-on-cpu.log)"; tail -n 5 .cache/test/gpu-on-cpu.log; \
+	test $$heavy -eq 0 -a $$fast_rc -eq 0 -a $$gpu_rc -eq 0
 
 # The tests that start no Ray, no vLLM engine and no training run (markers: pyproject.toml); a few minutes.
 test-fast: install

@@ -95,6 +95,18 @@ def tiny_dataset_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_shape_dataset(tmp_path_factory.mktemp("shapes"), num_train=64, num_val=16, seed=0)
 
 
+# What a worker sets in its process (distributed/worker.py: Worker.init_distributed).
+RANK_ENVIRONMENT = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "OMP_NUM_THREADS",
+)
+
+
 @pytest.fixture
 def rank_environment(monkeypatch):
     """For a test that runs a worker in this process (``trainer.single_process``, ``LocalWorkerGroup``): the rank
@@ -103,15 +115,7 @@ def rank_environment(monkeypatch):
     import torch
 
     threads = torch.get_num_threads()
-    for key in (
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "OMP_NUM_THREADS",
-    ):
+    for key in RANK_ENVIRONMENT:
         monkeypatch.delenv(key, raising=False)
     yield
     torch.set_num_threads(threads)

@@ -134,6 +134,12 @@ def training_batch(
     return batch
 
 
+def vllm_shared_memory() -> set[str]:
+    """vLLM's segments in /dev/shm now: its CPU TP communicator's (``...cpushm...``) and its message queues'
+    (``psm_...``); other processes' files (a test tier running beside this one) are not counted."""
+    return {name for name in os.listdir("/dev/shm") if "cpushm" in name or name.startswith("psm_")}
+
+
 @contextmanager
 def single_rank_vllm_world(**extra_env: str) -> Iterator[None]:
     """A one-rank gloo world plus the environment vLLM's external launcher reads (``extra_env`` added); on exit

@@ -11,7 +11,7 @@ import json
 import math
 
 import pytest
-from helpers import demo_config
+from helpers import ONE_PROCESS, demo_config
 from test_cli import base_args
 
 from easyr1.build import start_workers
@@ -20,10 +20,8 @@ from easyr1.workers.hybrid_worker import HybridWorker
 
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e, pytest.mark.usefixtures("rank_environment")]
-# one worker in this process
-SINGLE_PROCESS = ["trainer.single_process=true", "trainer.n_gpus_per_node=1"]
-
 STEPS = 3
+PROMPTS = 8  # per step, n=4 samples each: one optimizer step
 
 RUNS = {
     "grpo": ["algorithm.adv_estimator=grpo"],
@@ -37,7 +35,7 @@ RUNS = {
     "reinforce_plus_plus": ["algorithm.adv_estimator=reinforce_plus_plus"],
     "reinforce_plus_plus_baseline": ["algorithm.adv_estimator=reinforce_plus_plus_baseline"],
     "remax": ["algorithm.adv_estimator=remax"],
-    "ppo_gae": ["algorithm.adv_estimator=gae", "worker.critic.global_batch_size=16", "worker.critic.optim.lr=1e-3"],
+    "ppo_gae": ["algorithm.adv_estimator=gae", "worker.critic.global_batch_size=8", "worker.critic.optim.lr=1e-3"],
     "gspo": [
         "worker.actor.loss_type=gspo",
         "worker.actor.clip_ratio_low=3e-4",
@@ -57,34 +55,21 @@ RUNS = {
     "dapo_filtering": ["algorithm.online_filtering=true", "worker.actor.clip_ratio_high=0.28"],
     "dapo_mini_rounds": [
         "algorithm.online_filtering=true",
-        "data.mini_rollout_batch_size=4",
+        "data.mini_rollout_batch_size=2",
         "trainer.max_try_make_batch=60",
     ],
-    "grpo_mini_rounds": ["data.mini_rollout_batch_size=8"],
+    "grpo_mini_rounds": ["data.mini_rollout_batch_size=4"],
 }
-
-
-@pytest.fixture(autouse=True)
-def rank_environment(monkeypatch):
-    """The in-process worker sets its rank environment (RANK, MASTER_PORT, ...); put it back after each run."""
-    for key in (
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "OMP_NUM_THREADS",
-    ):
-        monkeypatch.delenv(key, raising=False)
 
 
 def run(model_dir, data_dir, run_dir, extra: list[str]) -> list[dict]:
     code = main(
         [
             *base_args(model_dir, data_dir),
-            *SINGLE_PROCESS,
+            *ONE_PROCESS,
             f"trainer.max_steps={STEPS}",
+            f"data.rollout_batch_size={PROMPTS}",
+            f"worker.actor.global_batch_size={PROMPTS}",
             "worker.rollout.n=4",
             f"trainer.save_checkpoint_path={run_dir}",
             *extra,
@@ -154,13 +139,13 @@ def test_algorithm_runs_three_steps(name, tiny_qwen2_5_vl_dir, tiny_dataset_dir,
     if name == "dapo_filtering":
         # uninformative groups are dropped and more prompts generated until the batch is full again
         assert all(record["filter/rounds"] >= 1 for record in records)
-        assert all(record["batch/samples"] == 16 * 4 for record in records)
+        assert all(record["batch/samples"] == PROMPTS * 4 for record in records)
         assert any(record["filter/kept_ratio"] < 1 for record in records)
-    if name == "dapo_mini_rounds":  # rounds of 4 prompts: at least 4 rounds to fill 16 prompts' worth of groups
+    if name == "dapo_mini_rounds":  # rounds of 2 prompts: at least 4 rounds to fill 8 prompts' worth of groups
         assert all(record["filter/rounds"] >= 4 for record in records)
-        assert all(record["batch/samples"] == 16 * 4 for record in records)
-    if name == "grpo_mini_rounds":  # two rounds of 8 prompts make one step of 16
-        assert all(record["batch/samples"] == 16 * 4 for record in records)
+        assert all(record["batch/samples"] == PROMPTS * 4 for record in records)
+    if name == "grpo_mini_rounds":  # two rounds of 4 prompts make one step of 8
+        assert all(record["batch/samples"] == PROMPTS * 4 for record in records)
 
 
 def test_disable_kl_loads_no_reference_model(tiny_qwen2_5_vl_dir, tiny_dataset_dir):
@@ -168,7 +153,7 @@ def test_disable_kl_loads_no_reference_model(tiny_qwen2_5_vl_dir, tiny_dataset_d
         config = demo_config(
             tiny_qwen2_5_vl_dir,
             tiny_dataset_dir,
-            *SINGLE_PROCESS,
+            *ONE_PROCESS,
             "worker.rollout.name=hf",
             f"algorithm.disable_kl={disable_kl}",
         )
@@ -185,7 +170,7 @@ def test_online_filtering_gives_up_with_a_clear_error(capsys, tiny_qwen2_5_vl_di
     code = main(
         [
             *base_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir),
-            *SINGLE_PROCESS,
+            *ONE_PROCESS,
             "trainer.max_steps=1",
             "algorithm.online_filtering=true",
             "algorithm.filter_low=0.99",

@@ -100,17 +100,7 @@ def test_worker_calls_name_the_method_itself():
         method_name(Probe, HybridWorker.generate)
 
 
-def test_the_in_process_group_calls_the_worker_by_reference(monkeypatch):
-    for key in (
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "OMP_NUM_THREADS",
-    ):
-        monkeypatch.delenv(key, raising=False)  # the worker sets its rank environment; restored afterwards
+def test_the_in_process_group_calls_the_worker_by_reference(rank_environment):
     group = LocalWorkerGroup(OverridingProbe)
     try:
         assert group.run_all(Probe.echo, 3) == [("overridden", 3)]

@@ -5,22 +5,16 @@ log-probs must equal the trainer's on every step, and the runs must leave nothin
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
-from helpers import REPO, train
+from helpers import REPO, train, vllm_shared_memory
 from test_cli import run_cli
 
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.e2e]
 
 STEPS = 2
-
-
-def shared_memory_files() -> set[str]:
-    """Everything in /dev/shm now (vLLM's TP communicator and message queues put their segments there)."""
-    return set(os.listdir("/dev/shm"))
 
 
 def recipe_args(model_dir: Path, data_dir: Path, val_file: Path, run_dir: Path, workers: int) -> list[str]:
@@ -70,19 +64,21 @@ def small_val_file(tiny_dataset_dir, tmp_path_factory) -> Path:
 
 
 def test_recipe_with_tensor_parallel_twice_in_a_row(tiny_qwen2_5_vl_dir, tiny_dataset_dir, small_val_file, tmp_path):
-    before = shared_memory_files()
-    for attempt in ("first", "second"):  # the first run's shared memory must not break the second
+    before = vllm_shared_memory()
+    # the first run's shared memory must not break the second: a run of the CLI in a process of its own, ended, then
+    # one in this process
+    for attempt, run in (("first", run_cli), ("second", train)):
         run_dir = tmp_path / attempt
-        result = run_cli(recipe_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir, small_val_file, run_dir, workers=2))
+        result = run(recipe_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir, small_val_file, run_dir, workers=2))
         assert_run_matches_the_actor(result, run_dir)
-        assert shared_memory_files() <= before
+        assert vllm_shared_memory() <= before
         assert (run_dir / f"global_step_{STEPS}").is_dir()
 
 
 def test_recipe_with_tensor_and_data_parallel(tiny_qwen2_5_vl_dir, tiny_dataset_dir, small_val_file, tmp_path):
-    before = shared_memory_files()
+    before = vllm_shared_memory()
     run_dir = tmp_path / "tp2_dp2"
     # in this process, on the tests' Ray cluster (its process is not the point; the two runs above are in their own)
     result = train(recipe_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir, small_val_file, run_dir, workers=4))
     assert_run_matches_the_actor(result, run_dir)
-    assert shared_memory_files() <= before
+    assert vllm_shared_memory() <= before

@@ -47,10 +47,18 @@ VARIANTS = {
 
 class LoadingProbe(HybridWorker):
     """A HybridWorker without a rollout engine (nothing here generates), reporting what it holds. Its config names
-    the hf engine, whose ranks share no tensor-parallel group to check against vLLM's."""
+    the hf engine, whose ranks share no tensor-parallel group to check against vLLM's. One group of probes serves
+    every config of the module: :meth:`load` drops the models of the last one and loads the next, as a fresh worker
+    would (``init_models`` seeds every generator first)."""
 
     def _build_engine(self, dtype: torch.dtype) -> None:
         return None
+
+    def load(self, config) -> None:
+        """Forget the models of the last config; load ``config``'s, counting this load's checkpoint reads only."""
+        self.__init__(config)
+        loading.CHECKPOINT_READS = 0
+        self.init_models()
 
     def full_weights(self) -> dict[str, dict[str, torch.Tensor]]:
         """Every model's full parameters and buffers (collective; every rank returns them)."""
@@ -91,22 +99,27 @@ class LoadingProbe(HybridWorker):
         return result
 
 
-def run_group(config, batch: Batch, checkpoint_dir) -> dict:
+@pytest.fixture(scope="module")
+def probes():
+    """Two ranks of :class:`LoadingProbe`, loaded with each test's configs in turn."""
+    start_ray()
+    group = WorkerGroup(LoadingProbe, 2, init_args=(None,))
+    yield group
+    group.shutdown()
+
+
+def run_group(group: WorkerGroup, config, batch: Batch, checkpoint_dir) -> dict:
     """Load, report, compute and update once; then save a checkpoint, train on, and load it back."""
-    group = WorkerGroup(LoadingProbe, 2, init_args=(config,))
-    try:
-        group.run_all(LoadingProbe.init_models)
-        reads = group.run_all(LoadingProbe.checkpoint_reads)
-        initial = group.run_all(LoadingProbe.full_weights)
-        results = group.run_split(LoadingProbe.experience, batch)
-        final = group.run_all(LoadingProbe.full_weights)
-        group.run_all(LoadingProbe.save_checkpoint, str(checkpoint_dir))
-        group.run_split(LoadingProbe.experience, batch)  # moves the weights and optimizer states on
-        group.run_all(LoadingProbe.load_checkpoint, str(checkpoint_dir))
-        reloaded = group.run_all(LoadingProbe.full_weights)
-        residency = group.run_all(LoadingProbe.residency)
-    finally:
-        group.shutdown()
+    group.run_all(LoadingProbe.load, config)
+    reads = group.run_all(LoadingProbe.checkpoint_reads)
+    initial = group.run_all(LoadingProbe.full_weights)
+    results = group.run_split(LoadingProbe.experience, batch)
+    final = group.run_all(LoadingProbe.full_weights)
+    group.run_all(LoadingProbe.save_checkpoint, str(checkpoint_dir))
+    group.run_split(LoadingProbe.experience, batch)  # moves the weights and optimizer states on
+    group.run_all(LoadingProbe.load_checkpoint, str(checkpoint_dir))
+    reloaded = group.run_all(LoadingProbe.full_weights)
+    residency = group.run_all(LoadingProbe.residency)
     return {
         "reads": reads,
         "initial": initial,
@@ -127,16 +140,15 @@ def assert_same_weights(left: dict, right: dict) -> None:
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_rank0_init_and_offload_change_nothing_but_memory(
-    variant, tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path, capfd
+    variant, probes, tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path, capfd
 ):
-    start_ray()
     batch = training_batch(tiny_qwen2_5_vl_dir, tiny_dataset_dir, NUM_SAMPLES)
     batch["returns"] = batch["advantages"]  # only read by critic updates, which this test does not run
     plain = run_group(
-        demo_config(tiny_qwen2_5_vl_dir, tiny_dataset_dir, *VARIANTS[variant], NO_VLLM), batch, tmp_path / "a"
+        probes, demo_config(tiny_qwen2_5_vl_dir, tiny_dataset_dir, *VARIANTS[variant], NO_VLLM), batch, tmp_path / "a"
     )
     memory_config = demo_config(tiny_qwen2_5_vl_dir, tiny_dataset_dir, *VARIANTS[variant], NO_VLLM, *MEMORY_SETTINGS)
-    memory = run_group(memory_config, batch, tmp_path / "b")
+    memory = run_group(probes, memory_config, batch, tmp_path / "b")
 
     models = 1 if variant == "lora" else 3  # the LoRA reference is the actor itself; no critic without gae
     assert plain["reads"] == [models, models]

@@ -1,23 +1,20 @@
 """``trainer.single_process=true``: the whole loop in one Python process, no Ray; the same numbers as Ray's.
 
-The CPU demo config with one worker runs 5 steps twice: in a fresh interpreter where Ray cannot even be imported (so
-no Ray process can start), and through Ray in this process (with ``trainer.ray_timeline``). Every metric that is a
-result, not a measurement of time, memory or bytes moved, must be equal bit for bit; the first lines of the run say
-where its checkpoints, metrics and report go.
+The CPU demo config with one worker runs 5 steps twice, both in this process: with Ray made unimportable for the
+run's duration (so no Ray process can start, and none does), and through Ray (with ``trainer.ray_timeline``). Every
+metric that is a result, not a measurement of time, memory or bytes moved, must be equal bit for bit; the first lines
+of the run say where its checkpoints, metrics and report go.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 
+import psutil
 import pytest
-from helpers import REPO
+from helpers import ONE_PROCESS, train
 from test_cli import base_args
-
-from easyr1.main import main
 
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.e2e]
@@ -25,8 +22,6 @@ pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.e2e]
 STEPS = 5
 # measurements, not results: they differ between any two runs
 MEASURED = ("timing/", "perf/", "throughput/")
-# a driver without Ray: `import ray` fails, as on a machine where it is not installed
-WITHOUT_RAY = "import sys; sys.modules['ray'] = None; from easyr1.main import main; sys.exit(main(sys.argv[1:]))"
 
 
 def results(run_dir) -> list[dict]:
@@ -34,18 +29,16 @@ def results(run_dir) -> list[dict]:
     return [{key: value for key, value in record.items() if not key.startswith(MEASURED)} for record in records]
 
 
-def test_one_process_without_ray_gives_a_one_worker_ray_runs_metrics(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
+def test_one_process_without_ray_gives_a_one_worker_ray_runs_metrics(
+    tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path, monkeypatch, rank_environment
+):
     args = [*base_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir), "trainer.n_gpus_per_node=1"]
     args.append(f"trainer.max_steps={STEPS}")
-    single = subprocess.run(
-        [sys.executable, "-c", WITHOUT_RAY, *args, "trainer.single_process=true"]
-        + [f"trainer.save_checkpoint_path={tmp_path / 'single'}"],
-        cwd=REPO,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    with monkeypatch.context() as patch:
+        patch.setitem(sys.modules, "ray", None)  # `import ray` fails, as where it is not installed
+        children = {child.pid for child in psutil.Process().children(recursive=True)}
+        single = train([*args, *ONE_PROCESS, f"trainer.save_checkpoint_path={tmp_path / 'single'}"])
+        assert {child.pid for child in psutil.Process().children(recursive=True)} <= children  # nothing started
     assert single.returncode == 0, single.stderr[-3000:]
     first_lines = single.stdout.splitlines()[:3]
     assert first_lines == [
@@ -57,7 +50,8 @@ def test_one_process_without_ray_gives_a_one_worker_ray_runs_metrics(tiny_qwen2_
     assert f"step {STEPS}/{STEPS}" in single.stdout
 
     timeline = tmp_path / "timeline.json"
-    assert main([*args, f"trainer.save_checkpoint_path={tmp_path / 'ray'}", f"trainer.ray_timeline={timeline}"]) == 0
+    on_ray_run = train([*args, f"trainer.save_checkpoint_path={tmp_path / 'ray'}", f"trainer.ray_timeline={timeline}"])
+    assert on_ray_run.returncode == 0, on_ray_run.stderr[-3000:]
     on_ray, in_process = results(tmp_path / "ray"), results(tmp_path / "single")
     assert [record["step"] for record in in_process] == list(range(1, STEPS + 1))
     assert in_process == on_ray

@@ -3,11 +3,9 @@ and syncs in the right order, and its shared memory is never left in /dev/shm.""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-from helpers import demo_config, prompt_batch, start_ray
+from helpers import demo_config, prompt_batch, start_ray, vllm_shared_memory
 
 from easyr1.distributed import WorkerGroup
 from easyr1.engines import vllm_cpu_weight_sync
@@ -59,7 +57,7 @@ class RecordingWorker(HybridWorker):
         return calls
 
     def shared_memory_files(self) -> set[str]:
-        return set(os.listdir("/dev/shm"))
+        return vllm_shared_memory()
 
     def shm_tag(self) -> str | None:
         return self.engine.shm_tag
@@ -107,7 +105,7 @@ def test_tensor_parallel_rollout_matches_the_actor_and_wakes_in_order(tiny_qwen2
         "worker.actor.micro_batch_size_per_device_for_update=4",
     )
     start_ray()
-    before = set(os.listdir("/dev/shm"))
+    before = vllm_shared_memory()
     group = WorkerGroup(RecordingWorker, 2, init_args=(config,))
     try:
         group.run_all(RecordingWorker.init_models)
@@ -165,4 +163,4 @@ def test_tensor_parallel_rollout_matches_the_actor_and_wakes_in_order(tiny_qwen2
             ]
     finally:
         group.shutdown()
-    assert set(os.listdir("/dev/shm")) <= before
+    assert vllm_shared_memory() <= before
