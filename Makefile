@@ -18,15 +18,16 @@ demo: install
 demo-agent: install
 	$(PYTHON) -m easyr1.tools.demo --env target
 
-# The whole suite in three pytest processes side by side, as the 2-core machine has room for: the tests that start
-# Ray, vLLM or a training run (the 25 slowest listed); the fast tier (none of those: `make test-fast`); and tests/gpu
-# on the CPU with Ray and vLLM unimportable, as on the GPU test machines. The last two print when the first is done.
+# The whole suite in three pytest processes side by side: the tests that start Ray, vLLM or a training run (the 25
+# slowest listed); the fast tier (none of those: `make test-fast`); and tests/gpu on the CPU with Ray and vLLM
+# unimportable, as on the GPU test machines. The last two run at the lowest priority, in the time the first leaves
+# idle (its workers' collectives spin when they share a core), and print when the first is done.
 test: install
 	@mkdir -p .cache/test
-	@EASYR1_TEST_TIER=fast $(PYTHON) -m pytest tests -q -p no:cacheprovider -m "not ray and not vllm and not e2e" \
-		--durations=5 >.cache/test/fast.log 2>&1 & fast=$$!; \
-	EASYR1_GPU_TESTS_ON_CPU=1 $(PYTHON) -m pytest tests/gpu -q -p no:cacheprovider >.cache/test/gpu-on-cpu.log 2>&1 & \
-	gpu=$$!; \
+	@EASYR1_TEST_TIER=fast nice -n 19 $(PYTHON) -m pytest tests -q -p no:cacheprovider \
+		-m "not ray and not vllm and not e2e" --durations=5 >.cache/test/fast.log 2>&1 & fast=$$!; \
+	EASYR1_GPU_TESTS_ON_CPU=1 nice -n 19 $(PYTHON) -m pytest tests/gpu -q -p no:cacheprovider \
+		>.cache/test/gpu-on-cpu.log 2>&1 & gpu=$$!; \
 	$(PYTHON) -m pytest tests -q -m "ray or vllm or e2e" --durations=25; heavy=$$?; \
 	wait $$fast; fast_rc=$$?; wait $$gpu; gpu_rc=$$?; \
 	echo "--- the fast tier (.cache/test/fast.log)"; tail -n 25 .cache/test/fast.log; \

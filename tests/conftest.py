@@ -139,25 +139,11 @@ def process_group():
 
 @pytest.fixture(scope="session")
 def validated_run(tiny_qwen2_5_vl_dir: Path, tiny_dataset_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    """One finished 3-step CLI run with validation (before training, every 2 steps, after the last) and two
-    prompts' rollouts kept: ``(run_dir, CompletedProcess)``, shared by the validation and report tests."""
-    from helpers import train
-    from test_cli import base_args
+    """One finished 3-step CLI run on 2 Ray workers with validation (before training, every 2 steps, after the last)
+    and two prompts' rollouts kept: ``(run_dir, Run)``, shared by the validation, report and balancing tests."""
+    from helpers import train, validated_run_args
 
     run_dir = tmp_path_factory.mktemp("validated_run") / "run"
-    result = train(
-        [
-            *base_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir),
-            f"data.val_files={tiny_dataset_dir / 'val.jsonl'}",
-            "data.val_batch_size=6",  # 16 rows in rounds of 6, 6, 4: not a multiple of the 2 workers' share
-            "trainer.max_steps=3",
-            "trainer.val_before_train=true",
-            "trainer.val_freq=2",
-            "trainer.val_generations_to_log=2",
-            "trainer.rollouts_to_log=2",
-            "worker.rollout.val_override_config={temperature: 0.6, top_p: 0.95, n: 2}",
-            f"trainer.save_checkpoint_path={run_dir}",
-        ]
-    )
+    result = train(validated_run_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir, run_dir))
     assert result.returncode == 0, result.stderr[-4000:]
     return run_dir, result

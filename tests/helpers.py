@@ -88,6 +88,28 @@ def train(args: list[str]) -> Run:
     return Run(code, out.getvalue(), err.getvalue())
 
 
+def validated_run_args(model_dir: Path, data_dir: Path, run_dir: Path) -> list[str]:
+    """The CLI arguments of the session's ``validated_run`` (conftest.py): 3 steps on 2 Ray workers with validation
+    before training, every 2 steps and after the last, two prompts' rollouts kept, responses of up to 8 tokens."""
+    return [
+        f"config={REPO / 'examples' / 'config_cpu.yaml'}",
+        f"worker.actor.model.model_path={model_dir}",
+        f"data.train_files={data_dir / 'train.jsonl'}",
+        f"worker.reward.reward_function={REPO / 'reward_function' / 'shape_color.py'}:compute_score",
+        f"data.val_files={data_dir / 'val.jsonl'}",
+        "data.val_batch_size=6",  # 16 rows in rounds of 6, 6, 4: not a multiple of the 2 workers' share
+        # responses of different lengths, so that balancing the batch reorders it (test_e2e.py)
+        "data.max_response_length=8",
+        "trainer.max_steps=3",
+        "trainer.val_before_train=true",
+        "trainer.val_freq=2",
+        "trainer.val_generations_to_log=2",
+        "trainer.rollouts_to_log=2",
+        "worker.rollout.val_override_config={temperature: 0.6, top_p: 0.95, n: 2}",
+        f"trainer.save_checkpoint_path={run_dir}",
+    ]
+
+
 def demo_config(model_dir: Path, data_dir: Path, *overrides: str) -> PPOConfig:
     """``examples/config_cpu.yaml`` pointed at a test model and dataset, with overrides."""
     return load_config(

@@ -105,17 +105,21 @@ def test_packed_and_dynamic_updates_equal_the_padded_fixed_update(mixed_setup, p
     assert_same_update(result, reference, batch["response_mask"].bool())
 
 
-@pytest.mark.parametrize("padding_free", [False, True])
-def test_text_rows_on_one_rank_and_image_rows_on_the_other(mixed_setup, padding_free):
-    model_dir, config, batch = mixed_setup
-    reference = single_process(model_dir, config, batch, padding_free=padding_free, dynamic=True)
+@pytest.fixture(scope="module")
+def probes():
+    """Two ranks of :class:`BatchingProbe`, set up afresh by each test."""
     start_ray()
     group = WorkerGroup(BatchingProbe, 2)
-    try:
-        group.run_all(BatchingProbe.setup, model_dir, config)
-        results = group.run_split(BatchingProbe.run, batch, len(batch) // 2)
-    finally:
-        group.shutdown()
+    yield group
+    group.shutdown()
+
+
+@pytest.mark.parametrize("padding_free", [False, True])
+def test_text_rows_on_one_rank_and_image_rows_on_the_other(mixed_setup, probes, padding_free):
+    model_dir, config, batch = mixed_setup
+    reference = single_process(model_dir, config, batch, padding_free=padding_free, dynamic=True)
+    probes.run_all(BatchingProbe.setup, model_dir, config)
+    results = probes.run_split(BatchingProbe.run, batch, len(batch) // 2)
     assert [set(result["has_images"]) for result in results] == [{False}, {True}]
     log_probs = torch.cat([result["log_probs"] for result in results])
     mask = batch["response_mask"].bool()  # padded slots hold different garbage in the two layouts

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import ONE_PROCESS, train
+from helpers import ONE_PROCESS, train, validated_run_args
 from test_cli import base_args
 
 
@@ -73,28 +73,21 @@ def test_grpo_reward_rises_and_metrics_are_logged(tiny_qwen2_5_vl_dir, tiny_data
 
 @pytest.mark.ray
 def test_balancing_the_batch_across_workers_keeps_rewards_on_their_samples(
-    tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path
+    validated_run, tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path
 ):
     """Samples are reordered between generation and update; the reward (computed in generation order) must follow
     them. Same seeds, same samples: the first update must be the same with and without reordering. The reordered
-    run also caches the samples' tensors on the workers (rows that moved are sent to their new rank), the other
-    sends every call its own copy: the cache must not change the update either, only the bytes moved."""
-    firsts = {}
-    for balance in (True, False):
-        run_dir = tmp_path / f"balance_{balance}"
-        result = train(
-            [
-                *base_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir),
-                "trainer.max_steps=1",
-                f"trainer.balance_batch={str(balance).lower()}",
-                f"trainer.cache_sample_tensors={str(balance).lower()}",
-                # prompts of different lengths, so that the reordering is not the identity
-                "data.max_response_length=8",
-                f"trainer.save_checkpoint_path={run_dir}",
-            ]
-        )
-        assert result.returncode == 0, result.stderr[-4000:]
-        firsts[balance] = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    run (the session's validated_run, balancing and caching by default) also caches the samples' tensors on the
+    workers (rows that moved are sent to their new rank), the other sends every call its own copy: the cache must
+    not change the update either, only the bytes moved."""
+    run_dir = tmp_path / "unbalanced"
+    args = validated_run_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir, run_dir)
+    result = train([*args, "trainer.max_steps=1", "trainer.balance_batch=false", "trainer.cache_sample_tensors=false"])
+    assert result.returncode == 0, result.stderr[-4000:]
+    firsts = {
+        balance: next(record for record in records_of(directory) if record["step"] == 1)
+        for balance, directory in ((True, validated_run[0]), (False, run_dir))
+    }
     assert firsts[True]["reward/overall"] == firsts[False]["reward/overall"]
     assert firsts[True]["actor/grad_norm"] == pytest.approx(firsts[False]["actor/grad_norm"], rel=1e-5)
     assert firsts[True]["actor/entropy"] == pytest.approx(firsts[False]["actor/entropy"], rel=1e-5)
@@ -102,3 +95,7 @@ def test_balancing_the_batch_across_workers_keeps_rewards_on_their_samples(
     # over both ranks, so its vision tensors still reach each rank once; generation no longer returns them
     assert firsts[True]["perf/bytes_to_workers"] < firsts[False]["perf/bytes_to_workers"]
     assert firsts[True]["perf/bytes_from_workers"] < firsts[False]["perf/bytes_from_workers"] / 2
+
+
+def records_of(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

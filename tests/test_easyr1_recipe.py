@@ -1,5 +1,5 @@
 """EasyR1's own recipe (``examples/config.yaml``, unchanged) through the CLI on CPU, with only sizes, paths and
-worker counts overridden: tensor parallel 2 as in the file, twice in a row, then TP=2 x DP=2. The rollout's
+worker counts overridden: tensor parallel 2 as in the file, then TP=2 x DP=2, one run after the other. The rollout's
 log-probs must equal the trainer's on every step, and the runs must leave nothing in /dev/shm."""
 
 from __future__ import annotations
@@ -63,22 +63,15 @@ def small_val_file(tiny_dataset_dir, tmp_path_factory) -> Path:
     return path
 
 
-def test_recipe_with_tensor_parallel_twice_in_a_row(tiny_qwen2_5_vl_dir, tiny_dataset_dir, small_val_file, tmp_path):
+def test_recipe_with_tensor_parallel_then_tensor_and_data_parallel(
+    tiny_qwen2_5_vl_dir, tiny_dataset_dir, small_val_file, tmp_path
+):
+    """TP=2 as in the file, by the CLI in a process of its own; when it has ended, TP=2 x DP=2 in this process (on the
+    tests' Ray cluster): the first run's shared memory must not break the second, and neither leaves any."""
     before = vllm_shared_memory()
-    # the first run's shared memory must not break the second: a run of the CLI in a process of its own, ended, then
-    # one in this process
-    for attempt, run in (("first", run_cli), ("second", train)):
+    for attempt, run, workers in (("tp2", run_cli, 2), ("tp2_dp2", train, 4)):
         run_dir = tmp_path / attempt
-        result = run(recipe_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir, small_val_file, run_dir, workers=2))
+        result = run(recipe_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir, small_val_file, run_dir, workers=workers))
         assert_run_matches_the_actor(result, run_dir)
         assert vllm_shared_memory() <= before
         assert (run_dir / f"global_step_{STEPS}").is_dir()
-
-
-def test_recipe_with_tensor_and_data_parallel(tiny_qwen2_5_vl_dir, tiny_dataset_dir, small_val_file, tmp_path):
-    before = vllm_shared_memory()
-    run_dir = tmp_path / "tp2_dp2"
-    # in this process, on the tests' Ray cluster (its process is not the point; the two runs above are in their own)
-    result = train(recipe_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir, small_val_file, run_dir, workers=4))
-    assert_run_matches_the_actor(result, run_dir)
-    assert vllm_shared_memory() <= before
