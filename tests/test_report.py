@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
+from html.parser import HTMLParser
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from easyr1.errors import UserError
+from easyr1.tools.report import NEUTRAL_COLOUR, write_report
 from easyr1.tools.report import main as report_main
-from easyr1.tools.report import write_report
 
 
 def fake_run(run_dir):
@@ -51,6 +53,69 @@ def test_report_of_a_directory_without_metrics_is_a_clear_error(tmp_path, capsys
     with pytest.raises(UserError, match="no metrics.jsonl"):
         write_report(tmp_path)
     assert report_main([str(tmp_path)]) == 2 and "report: error:" in capsys.readouterr().err
+
+
+class _PageStructure(HTMLParser):
+    """The tags and attributes a browser would build from the page (what an injected string would add to)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+
+HOSTILE_STEP = '3" onmouseover="alert(1)"><script>alert(2)</script>'
+
+
+def test_report_survives_non_finite_rewards_and_hostile_rollouts(tmp_path):
+    fake_run(tmp_path)
+    with (tmp_path / "metrics.jsonl").open("a") as file:  # a NaN reward in the metrics: a gap, not a crash
+        file.write(json.dumps({"step": 3, "reward/overall": float("nan"), "actor/entropy": float("inf")}) + "\n")
+        file.write("[1, 2]\n")  # a line of another shape
+    script = "<script>alert('x')</script>"
+    responses = [
+        {"text": f"nan {script}", "score": float("nan"), "sub_scores": {"accuracy": float("inf"), "<b>k": "x<"}},
+        {"text": "inf", "score": float("inf"), "sub_scores": {"accuracy": float("-inf")}},
+        {"text": "-inf", "score": float("-inf"), "sub_scores": {}},
+        {"text": "a string score", "score": '"><script>', "sub_scores": None},
+        {"text": "half", "score": 0.5, "sub_scores": {"accuracy": 0.5}},
+    ]
+    episode = {"seed": script, "success": True, "truncated": False, "turns": [
+        {"images": ["javascript:alert(1)", "/etc/passwd", 'a" onerror="x.png'], "text": script, "action": script,
+         "action_valid": False, "reward": float("nan")},
+    ]}  # fmt: skip
+    prompt = {"prompt": script, "ground_truth": ["<i>", 1], "images": ['x" onload="alert(1).png']}
+    lines = [
+        {"step": HOSTILE_STEP, "prompts": [{**prompt, "responses": responses}]},
+        {"step": "7", "prompts": [{"prompt": "p", "responses": [{"episode": episode, "score": float("nan")}]}]},
+        {"step": 2.0, "prompts": "not a list"},
+        "not an object",
+    ]
+    (tmp_path / "rollouts.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    index = write_report(tmp_path)
+    page = index.read_text()
+    assert "reward.png" in {path.name for path in index.parent.glob("*.png")}  # steps 1 and 2 still drawn
+    structure = _PageStructure()
+    structure.feed(page)
+    tags = {tag for tag, _ in structure.tags}
+    assert "script" not in tags and tags <= {"html", "head", "meta", "title", "style", "body", "h1", "h2", "div",
+                                             "img", "section", "pre", "p", "b", "table", "tr", "th", "td"}  # fmt: skip
+    for tag, attrs in structure.tags:
+        assert not any(name.startswith("on") for name in attrs), (tag, attrs)
+        if "id" in attrs:
+            assert re.fullmatch(r"step-[0-9]+", attrs["id"]), attrs
+        if tag == "img":
+            assert not attrs["src"].startswith(("../javascript", "..//")) and '"' not in attrs["src"], attrs
+    ids = [attrs["id"] for _, attrs in structure.tags if "id" in attrs]
+    assert ids == ["step-7", "step-2"]  # the hostile step gets no id; "7" and 2.0 are coerced
+    assert "&lt;script&gt;" in page and "Step 3&quot; onmouseover" in page  # shown as text
+    rows = [attrs["style"] for tag, attrs in structure.tags if tag == "tr" and "style" in attrs]
+    assert rows[:5] == [f"background:{NEUTRAL_COLOUR}"] * 4 + ["background:hsl(60, 70%, 88%)"]
+    for word in (">nan<", ">inf<", ">-inf<"):
+        assert word in page
 
 
 def chromium() -> str:

@@ -14,7 +14,9 @@ import argparse
 import html
 import json
 import math
+import re
 import sys
+import urllib.parse
 from pathlib import Path
 
 from easyr1.errors import UserError
@@ -54,10 +56,19 @@ def write_plots(records: list[dict], out_dir: Path) -> list[Path]:
 
     written = []
     for name, title, keys in PLOTS:
+        # a point per record with a finite step and value: a NaN or infinite value (or a line of another shape)
+        # leaves a gap in its curve, not a missing plot
         series = {
-            key: [(r["step"], float(r[key])) for r in records if isinstance(r.get(key), (int, float))] for key in keys
+            key: [
+                (step, value)
+                for record in records
+                if isinstance(record, dict)
+                and (step := _finite(record.get("step"))) is not None
+                and (value := _finite(record.get(key))) is not None
+            ]
+            for key in keys
         }
-        series = {key: points for key, points in series.items() if points and all(math.isfinite(v) for _, v in points)}
+        series = {key: points for key, points in series.items() if points}
         if not series:
             continue
         figure, axes = plt.subplots(figsize=(6, 3.5), dpi=100)
@@ -76,67 +87,144 @@ def write_plots(records: list[dict], out_dir: Path) -> list[Path]:
     return written
 
 
-def _score_colour(score: float) -> str:
-    """Red (0) to green (1) for a reward, so good and bad answers stand out."""
-    score = min(max(score, 0.0), 1.0)
-    return f"hsl({round(120 * score)}, 70%, 88%)"
+# The row colour of a score that is not a finite number (NaN, inf, missing or not a number): a plain grey that
+# reads as neither good nor bad.
+NEUTRAL_COLOUR = "hsl(0, 0%, 90%)"
 
 
-def _image_tags(sources: list[str], alt: str) -> str:
-    """``<img>`` tags for images logged under the run's directory (the page is one level below it)."""
-    return "".join(f'<img src="../{html.escape(src)}" alt="{html.escape(alt)}">' for src in sources)
+def _finite(value: object) -> float | None:
+    """``value`` as a finite float; ``None`` for NaN, infinities, booleans and anything that is not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def _score_colour(score: object) -> str:
+    """Red (0) to green (1) for a reward, so good and bad answers stand out; :data:`NEUTRAL_COLOUR` for a score
+    that is not a finite number."""
+    number = _finite(score)
+    if number is None:
+        return NEUTRAL_COLOUR
+    return f"hsl({round(120 * min(max(number, 0.0), 1.0))}, 70%, 88%)"
+
+
+def _text(value: object) -> str:
+    """Any logged value as HTML text: ``str`` of it, escaped (quotes included, so it is safe in attributes too)."""
+    return html.escape(value if isinstance(value, str) else str(value), quote=True)
+
+
+def _number(value: object) -> str:
+    """A reward or sub-score as text: 3 significant digits, ``nan`` / ``inf`` / ``-inf`` as words, anything else
+    escaped as it was logged."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value:.3g}"  # Python writes non-finite floats as nan, inf, -inf
+    return _text(value)
+
+
+def _step_number(value: object) -> int | None:
+    """The step as an ``int`` (for the ``id`` of its section); ``None`` when the logged value is not one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and re.fullmatch(r"[+-]?[0-9]+", value.strip()):
+        return int(value)
+    return None
+
+
+def _mapping(value: object) -> dict:
+    """``value`` if it is a JSON object, else an empty one (a hand-edited or foreign file renders what it can)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _items(value: object) -> list:
+    """``value`` if it is a JSON array, else an empty one."""
+    return value if isinstance(value, list) else []
+
+
+def _image_tags(sources: object, alt: str) -> str:
+    """``<img>`` tags for images logged under the run's directory (the page is one level below it); anything else
+    (an absolute path, a URL, which would make the page fetch from elsewhere) is left out."""
+    tags = []
+    for source in _items(sources):
+        if not isinstance(source, str) or not source or source.startswith(("/", "\\")) or ":" in source:
+            continue
+        tags.append(f'<img src="../{html.escape(urllib.parse.quote(source), quote=True)}" alt="{_text(alt)}">')
+    return "".join(tags)
 
 
 def episode_html(episode: dict) -> str:
     """An episode turn by turn: per turn the observation's images, the model's text, the parsed action (marked
     when invalid) and the reward; above, the episode's seed, return (the sum of its turns' rewards) and outcome."""
-    returned = sum(turn["reward"] for turn in episode["turns"])
-    outcome = ["success" if episode["success"] else "no success"] + (["truncated"] if episode["truncated"] else [])
+    turns = [_mapping(turn) for turn in _items(episode.get("turns"))]
+    rewards = [_finite(turn.get("reward")) for turn in turns]
+    # the return is a number only when every turn's reward is one; otherwise it says which value broke it
+    broken = [turn.get("reward") for turn, reward in zip(turns, rewards) if reward is None]
+    returned = _number(sum(reward for reward in rewards if reward is not None)) if not broken else _number(broken[0])
+    outcome = ["success" if episode.get("success") else "no success"] + (
+        ["truncated"] if episode.get("truncated") else []
+    )
     summary = (
-        f"<p class=episode>seed {html.escape(str(episode['seed']))} · {len(episode['turns'])} "
-        f"turn{'' if len(episode['turns']) == 1 else 's'} · "
-        f"return <b>{returned:.3g}</b> · {' · '.join(outcome)}</p>"
+        f"<p class=episode>seed {_text(episode.get('seed'))} · {len(turns)} "
+        f"turn{'' if len(turns) == 1 else 's'} · "
+        f"return <b>{returned}</b> · {' · '.join(outcome)}</p>"
     )
     rows = []
-    for number, turn in enumerate(episode["turns"]):
-        action = "none" if turn["action"] is None else html.escape(turn["action"])
+    for number, turn in enumerate(turns):
+        action = "none" if turn.get("action") is None else _text(turn["action"])
         action_cell = (
             f"<td class=action>{action}</td>"
-            if turn["action_valid"]
+            if turn.get("action_valid", True)
             else f"<td class='action invalid'>{action} (invalid)</td>"
         )
         rows.append(
-            f"<tr><td>{number + 1}</td><td class=images>{_image_tags(turn['images'], f'observation {number + 1}')}"
-            f"</td><td class=text>{html.escape(turn['text'])}</td>{action_cell}<td class=reward>{turn['reward']:.3g}"
-            "</td></tr>"
+            f"<tr><td>{number + 1}</td>"
+            f"<td class=images>{_image_tags(turn.get('images'), f'observation {number + 1}')}</td>"
+            f"<td class=text>{_text(turn.get('text', ''))}</td>{action_cell}"
+            f"<td class=reward>{_number(turn.get('reward'))}</td></tr>"
         )
     head = "<tr><th>turn</th><th>observation</th><th>model's text</th><th>action</th><th>reward</th></tr>"
     return f"{summary}<table class=turns>{head}{''.join(rows)}</table>"
 
 
-def rollouts_html(steps: list[dict]) -> str:
+def rollouts_html(steps: list) -> str:
     """The rollout sections: per step, per prompt, its images, the prompt, and each response with its scores (an
-    agent's response as its episode, turn by turn)."""
+    agent's response as its episode, turn by turn).
+
+    Every logged value is escaped or coerced before it reaches the page, so any ``rollouts.jsonl`` renders: a step
+    that is not an integer gets no ``id``, scores that are not finite numbers show as text on a neutral row, and
+    entries of the wrong shape are skipped.
+    """
     parts = []
     for entry in steps:
-        parts.append(f'<section><h2 id="step-{entry["step"]}">Step {entry["step"]}</h2>')
-        for prompt in entry["prompts"]:
-            images = _image_tags(prompt["images"], "input image")
-            sub_keys = sorted({key for response in prompt["responses"] for key in response["sub_scores"]})
-            head = "".join(f"<th>{html.escape(key)}</th>" for key in sub_keys)
+        if not isinstance(entry, dict):
+            continue
+        step = _step_number(entry.get("step"))
+        anchor = f' id="step-{step}"' if step is not None else ""
+        parts.append(f"<section><h2{anchor}>Step {_text(entry.get('step'))}</h2>")
+        for prompt in map(_mapping, _items(entry.get("prompts"))):
+            images = _image_tags(prompt.get("images"), "input image")
+            responses = [_mapping(response) for response in _items(prompt.get("responses"))]
+            sub_keys = sorted({str(key) for response in responses for key in _mapping(response.get("sub_scores"))})
+            head = "".join(f"<th>{_text(key)}</th>" for key in sub_keys)
             rows = []
-            for response in prompt["responses"]:
-                subs = "".join(f"<td>{response['sub_scores'].get(key, float('nan')):.3g}</td>" for key in sub_keys)
-                shown = episode_html(response["episode"]) if "episode" in response else html.escape(response["text"])
+            for response in responses:
+                sub_scores = {str(key): value for key, value in _mapping(response.get("sub_scores")).items()}
+                subs = "".join(f"<td>{_number(sub_scores.get(key, float('nan')))}</td>" for key in sub_keys)
+                episode = response.get("episode")
+                shown = episode_html(episode) if isinstance(episode, dict) else _text(response.get("text", ""))
                 rows.append(
-                    f'<tr style="background:{_score_colour(response["score"])}">'
+                    f'<tr style="background:{_score_colour(response.get("score"))}">'
                     f"<td class=text>{shown}</td>"
-                    f"<td class=reward>{response['score']:.3g}</td>{subs}</tr>"
+                    f"<td class=reward>{_number(response.get('score'))}</td>{subs}</tr>"
                 )
             parts.append(
                 f"<div class=prompt><div class=images>{images}</div><div class=body>"
-                f"<pre>{html.escape(prompt['prompt'])}</pre>"
-                f"<p>answer: <b>{html.escape(prompt['ground_truth'])}</b></p>"
+                f"<pre>{_text(prompt.get('prompt', ''))}</pre>"
+                f"<p>answer: <b>{_text(prompt.get('ground_truth', ''))}</b></p>"
                 f"<table><tr><th>response</th><th>reward</th>{head}</tr>{''.join(rows)}</table></div></div>"
             )
         parts.append("</section>")
