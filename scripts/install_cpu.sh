@@ -7,11 +7,12 @@ source scripts/install_lib.sh
 
 if begin_install CPU pyproject.toml scripts/install_lib.sh scripts/install_cpu.sh scripts/torchvision_cpu_fix.py; then
   refuse_other_stack vllm install_gpu.sh
-  # torch first, pinned to the CPU build: anything else lets pip pull a multi-GB CUDA build. --no-compile: the
-  # interpreter compiles each module the first time it is imported (~40% of the install's time went into compiling
-  # every file of every package up front, most of which nothing here imports).
-  quietly "${PIP[@]}" install --no-compile "torch==2.13.0+cpu"
-  quietly "${PIP[@]}" install --no-compile -e ".[cpu,hub,dev,trackers]" "torch==2.13.0+cpu"
+  # torch first, pinned to the CPU build: anything else lets pip pull a multi-GB CUDA build. pip byte-compiles
+  # every package (about 40 s): where PYTHONDONTWRITEBYTECODE is set, as on CI machines, nothing would cache the
+  # compiled modules otherwise, and every process (each Ray worker, each test run) would compile torch, transformers
+  # and vLLM again (about 10 s each).
+  quietly "${PIP[@]}" install "torch==2.13.0+cpu"
+  quietly "${PIP[@]}" install -e ".[cpu,hub,dev,trackers]" "torch==2.13.0+cpu"
   # CUDA-only wheels that cannot load beside torch+cpu and that nothing on the CPU path needs.
   "${PIP[@]}" uninstall -y torchaudio torchcodec triton >/dev/null 2>&1 || true
   site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
