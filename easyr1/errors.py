@@ -17,6 +17,10 @@ class RewardError(UserError):
     """A reward function that cannot be loaded or that misbehaves."""
 
 
+class CheckpointError(UserError):
+    """A checkpoint that cannot be written (a full disk) or read back (a damaged file); the message names the file."""
+
+
 class EnvError(UserError):
     """An environment that cannot be loaded or that misbehaves (the message names the episode's seed and turn)."""
 

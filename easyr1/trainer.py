@@ -397,18 +397,21 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self, val_score: float | None = None) -> Path:
-        """Write the full training state of ``global_step`` and commit it atomically; returns its directory."""
-        staging = self.checkpoints.staging_dir(self.global_step)
-        self.workers.run_all(HybridWorker.save_checkpoint, str(staging), self.config.trainer.save_model_only)
-        driver_state = {
-            "global_step": self.global_step,
-            "prompts": self.prompts.state_dict(),
-            "kl_controller": self.kl_controller.state_dict(),
-            "rng": rng_state(),
-        }
-        save_durably(driver_state, staging / TRAINER_STATE_NAME)
-        (staging / "config.yaml").write_text(to_yaml(self.config), encoding="utf-8")
-        return self.checkpoints.commit(self.global_step, staging, val_score)
+        """Write the full training state of ``global_step`` and commit it atomically; returns its directory (a full
+        disk is a ``CheckpointError``, the previous step left as the newest)."""
+
+        def write(staging: Path) -> None:
+            self.workers.run_all(HybridWorker.save_checkpoint, str(staging), self.config.trainer.save_model_only)
+            driver_state = {
+                "global_step": self.global_step,
+                "prompts": self.prompts.state_dict(),
+                "kl_controller": self.kl_controller.state_dict(),
+                "rng": rng_state(),
+            }
+            save_durably(driver_state, staging / TRAINER_STATE_NAME)
+            (staging / "config.yaml").write_text(to_yaml(self.config), encoding="utf-8")
+
+        return self.checkpoints.save(self.global_step, write, val_score)
 
     def load_checkpoint(self, step_dir: Path, driver_state: dict[str, Any]) -> None:
         """Continue from ``step_dir``: the workers' models and optimizers, and the driver's step, data position, KL

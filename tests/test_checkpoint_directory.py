@@ -1,20 +1,26 @@
 """The checkpoint directory: atomic commits, resume selection, save_limit, and clear errors on damage."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed.checkpoint as dcp
 
 from easyr1.checkpoint.manager import TRACKER_NAME, TRAINER_STATE_NAME, CheckpointDirectory
 from easyr1.errors import UserError
 
 
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
 def write_step(checkpoints: CheckpointDirectory, step: int, val_score: float | None = None) -> Path:
-    """A committed step with the files a resumable checkpoint has (contents are irrelevant here)."""
+    """A committed step with the files a resumable checkpoint has: small but real (the resume choice checks them)."""
     staging = checkpoints.staging_dir(step)
-    for name in ("actor/model/.metadata", "actor/optimizer/.metadata", TRAINER_STATE_NAME):
-        (staging / name).parent.mkdir(parents=True, exist_ok=True)
-        (staging / name).write_text(str(step))
+    for name in ("model", "optimizer"):
+        dcp.save({"weight": torch.full((2,), float(step))}, checkpoint_id=str(staging / "actor" / name), no_dist=True)
+    torch.save({"global_step": step}, staging / TRAINER_STATE_NAME)
     return checkpoints.commit(step, staging, val_score)
 
 
@@ -79,7 +85,7 @@ def test_explicit_load_path_wins_and_is_checked(tmp_path):
 def test_model_only_checkpoint_cannot_be_resumed(tmp_path):
     checkpoints = CheckpointDirectory(tmp_path)
     step_dir = write_step(checkpoints, 2)
-    (step_dir / "actor/optimizer/.metadata").unlink()
+    shutil.rmtree(step_dir / "actor/optimizer")  # what trainer.save_model_only=true writes
     with pytest.raises(UserError, match="save_model_only.*model_merger"):
         checkpoints.resume_path(None, True)
 
@@ -127,4 +133,4 @@ def test_recommitting_a_step_keeps_the_older_copy(tmp_path):
     write_step(checkpoints, 2)
     assert checkpoints.complete_steps() == [2]
     replaced = [path for path in tmp_path.iterdir() if path.name.startswith("global_step_2.replaced-")]
-    assert len(replaced) == 1 and (replaced[0] / TRAINER_STATE_NAME).read_text() == "2"
+    assert len(replaced) == 1 and torch.load(replaced[0] / TRAINER_STATE_NAME)["global_step"] == 2
