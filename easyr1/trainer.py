@@ -373,6 +373,9 @@ class Trainer:
                 metrics[f"reward/{key}"] = float(np.mean(values))
                 metrics[f"reward/{key}_max"] = float(np.max(values))
                 metrics[f"reward/{key}_min"] = float(np.min(values))
+        if rewards.timed_out is not None:  # worker.reward.timeout_score: samples scored with it, not by the function
+            timed_out = [flag for flag, keep in zip(rewards.timed_out, real.tolist()) if keep]
+            metrics["reward/timeouts"] = float(sum(timed_out))
         for key in sorted({key for worker in worker_metrics for key in worker}):
             metrics[key] = float(np.mean([worker[key] for worker in worker_metrics if key in worker]))
         metrics.update({f"timing/{name}": seconds for name, seconds in timings.items()})

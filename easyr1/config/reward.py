@@ -5,12 +5,13 @@ Reward types are the ones :mod:`easyr1.reward.function` defines (``REWARD_TYPES`
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from easyr1.config.fields import option
-from easyr1.config.rules import AT_LEAST_ONE, one_of
+from easyr1.config.rules import AT_LEAST_ONE, POSITIVE_OR_NULL, one_of
 from easyr1.errors import ConfigError
 from easyr1.reward.function import REWARD_TYPES
 
@@ -28,6 +29,17 @@ class RewardConfig:
     reward_function_kwargs: dict[str, Any] = option({}, "extra keyword arguments passed to the reward function")
     skip_special_tokens: bool = option(True, "drop special tokens when decoding responses for scoring")
     num_cpus: int = option(1, "CPUs reserved for the reward computation")
+    timeout: float | None = option(
+        300.0,
+        "seconds one call of the reward function may take (a batch for REWARD_TYPE batch, one sample for "
+        "sequential); the function runs in a child process that is killed past it (null: no limit, called in the "
+        "scorer's own process)",
+    )
+    timeout_score: float | None = option(
+        None,
+        "what a call past worker.reward.timeout does: null stops the run naming the file and the sample; a number "
+        "is the score (every sub-score) of the samples of that call, counted in reward/timeouts",
+    )
     reward_function_name: str | None = option(
         None,
         "the function in reward_function's file, EasyR1's split form (its dumps): joined into 'file.py:name'",
@@ -36,7 +48,11 @@ class RewardConfig:
 
 
 # Value rules of single keys, relative to ``worker.reward``.
-REWARD_RANGES = {"num_cpus": AT_LEAST_ONE}
+REWARD_RANGES = {
+    "num_cpus": AT_LEAST_ONE,
+    "timeout": POSITIVE_OR_NULL,
+    "timeout_score": (lambda v: v is None or math.isfinite(v), "a finite number or null"),
+}
 
 
 def join_reward_function_name(reward: RewardConfig) -> None:

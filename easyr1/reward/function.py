@@ -48,7 +48,8 @@ def _preview(value: Any) -> str:
     return text if len(text) <= _PREVIEW_CHARS else text[:_PREVIEW_CHARS] + f"... ({len(text)} chars)"
 
 
-def _describe_sample(index: int, reward_input: Mapping[str, Any]) -> str:
+def describe_sample(index: int, reward_input: Mapping[str, Any]) -> str:
+    """The sample at ``index`` of a call, with the start of its response and its ground truth, for messages."""
     response = reward_input.get("response") if isinstance(reward_input, Mapping) else reward_input
     ground_truth = reward_input.get("ground_truth") if isinstance(reward_input, Mapping) else None
     return f"sample {index} (response {_preview(response)}, ground truth {_preview(ground_truth)})"
@@ -162,16 +163,35 @@ class RewardFunction:
         inputs = list(inputs)
         if not inputs:
             return []
-        raw = self._call_batch(inputs) if self.reward_type == "batch" else self._call_sequential(inputs)
-        scores = [self._validate_score(i, inputs[i], score) for i, score in enumerate(raw)]
+        if self.reward_type == "batch":
+            scores = self.score_batch_call(inputs)
+        else:
+            scores = [self.score_one(i, reward_input) for i, reward_input in enumerate(inputs)]
+        self.check_same_keys(inputs, scores)
+        return scores
+
+    def score_with_timeouts(self, inputs: Sequence[RewardInput]) -> tuple[list[RewardScore], list[bool] | None]:
+        """The scores of ``inputs`` and which of them timed out: None, as this call has no time limit."""
+        return self(inputs), None
+
+    def score_batch_call(self, inputs: list[RewardInput]) -> list[RewardScore]:
+        """One 'batch' call of the function on ``inputs``, each score validated."""
+        raw = self._call_batch(inputs)
+        return [self._validate_score(i, inputs[i], score) for i, score in enumerate(raw)]
+
+    def score_one(self, index: int, reward_input: RewardInput) -> RewardScore:
+        """One 'sequential' call of the function on the sample at ``index`` of its batch, its score validated."""
+        return self._validate_score(index, reward_input, self._call_one(index, reward_input))
+
+    def check_same_keys(self, inputs: Sequence[RewardInput], scores: Sequence[RewardScore]) -> None:
+        """Every sample's score must have the keys of the first (they are logged as metrics)."""
         keys = set(scores[0])
         for i, score in enumerate(scores):
             if set(score) != keys:
                 raise RewardError(
-                    f"{self.source} returned score keys {sorted(score)} for {_describe_sample(i, inputs[i])} but "
+                    f"{self.source} returned score keys {sorted(score)} for {describe_sample(i, inputs[i])} but "
                     f"{sorted(keys)} for sample 0; every sample must have the same keys (they are logged as metrics)"
                 )
-        return scores
 
     def _call_batch(self, inputs: list[RewardInput]) -> list[Any]:
         try:
@@ -179,7 +199,7 @@ class RewardFunction:
         except Exception as error:
             raise RewardError(
                 f"{self.source} raised {type(error).__name__}: {error} while scoring a batch of {len(inputs)} "
-                f"samples (REWARD_TYPE 'batch'; first: {_describe_sample(0, inputs[0])}). If it scores one sample "
+                f"samples (REWARD_TYPE 'batch'; first: {describe_sample(0, inputs[0])}). If it scores one sample "
                 f"at a time, set REWARD_TYPE = 'sequential' in the file or `{TYPE_KEY}=sequential`."
             ) from error
         if isinstance(raw, Mapping) or not isinstance(raw, Sequence) or isinstance(raw, str):
@@ -195,27 +215,24 @@ class RewardFunction:
             )
         return list(raw)
 
-    def _call_sequential(self, inputs: list[RewardInput]) -> list[Any]:
-        raw = []
-        for i, reward_input in enumerate(inputs):
-            try:
-                score = self.fn(reward_input, **self.kwargs)
-            except Exception as error:
-                raise RewardError(
-                    f"{self.source} raised {type(error).__name__}: {error} on {_describe_sample(i, reward_input)}"
-                    " (REWARD_TYPE 'sequential': it is called with one input dict)"
-                ) from error
-            if isinstance(score, list | tuple):
-                raise RewardError(
-                    f"{self.source} returned a {type(score).__name__} for {_describe_sample(i, reward_input)}; a "
-                    "'sequential' reward function returns one score dict. If it takes the whole list, set "
-                    f"REWARD_TYPE = 'batch' in the file or `{TYPE_KEY}=batch`."
-                )
-            raw.append(score)
-        return raw
+    def _call_one(self, index: int, reward_input: RewardInput) -> Any:
+        try:
+            score = self.fn(reward_input, **self.kwargs)
+        except Exception as error:
+            raise RewardError(
+                f"{self.source} raised {type(error).__name__}: {error} on {describe_sample(index, reward_input)}"
+                " (REWARD_TYPE 'sequential': it is called with one input dict)"
+            ) from error
+        if isinstance(score, list | tuple):
+            raise RewardError(
+                f"{self.source} returned a {type(score).__name__} for {describe_sample(index, reward_input)}; a "
+                "'sequential' reward function returns one score dict. If it takes the whole list, set "
+                f"REWARD_TYPE = 'batch' in the file or `{TYPE_KEY}=batch`."
+            )
+        return score
 
     def _validate_score(self, index: int, reward_input: RewardInput, score: Any) -> RewardScore:
-        where = f"{self.source} on {_describe_sample(index, reward_input)}"
+        where = f"{self.source} on {describe_sample(index, reward_input)}"
         if not isinstance(score, Mapping):
             raise RewardError(
                 f"{where} returned {type(score).__name__} {_preview(score)}; expected a dict like "

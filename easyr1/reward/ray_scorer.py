@@ -15,14 +15,24 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from easyr1.errors import UserError
 from easyr1.reward.function import RewardInput, load_reward_function
 from easyr1.reward.rewards import PendingRewards, Rewards, score_batch
+from easyr1.reward.timed import timed_reward_function
 
 
 @ray.remote
 class RewardActor:
-    """Loads the reward function once, then scores batches of reward inputs."""
+    """Loads the reward function once, then scores batches of reward inputs (in a child process of the actor when
+    the calls have a time limit: Ray runs an actor's methods outside its main thread, where no signal can stop
+    them)."""
 
-    def __init__(self, spec: str, kwargs: dict[str, Any] | None, reward_type: str | None) -> None:
-        self.reward_fn = load_reward_function(spec, kwargs, reward_type)
+    def __init__(
+        self,
+        spec: str,
+        kwargs: dict[str, Any] | None,
+        reward_type: str | None,
+        timeout: float | None = None,
+        timeout_score: float | None = None,
+    ) -> None:
+        self.reward_fn = timed_reward_function(load_reward_function(spec, kwargs, reward_type), timeout, timeout_score)
 
     def score(self, inputs: list[dict[str, Any]]) -> Rewards:
         """The rewards of ``inputs``: :func:`~easyr1.reward.rewards.score_batch` with the loaded function."""
@@ -32,12 +42,20 @@ class RewardActor:
 class RayRewardScorer:
     """A :class:`~easyr1.reward.scorer.RewardScorer` whose reward function runs in a :class:`RewardActor`."""
 
-    def __init__(self, spec: str, kwargs: dict[str, Any] | None, reward_type: str | None, num_cpus: int) -> None:
+    def __init__(
+        self,
+        spec: str,
+        kwargs: dict[str, Any] | None,
+        reward_type: str | None,
+        num_cpus: int,
+        timeout: float | None = None,
+        timeout_score: float | None = None,
+    ) -> None:
         self.actor = RewardActor.options(
             num_cpus=num_cpus,
             # soft: if this node has no CPU free, any node will do
             scheduling_strategy=NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True),
-        ).remote(spec, kwargs, reward_type)
+        ).remote(spec, kwargs, reward_type, timeout, timeout_score)
 
     def score(self, inputs: Sequence[RewardInput]) -> PendingRewards:
         """Send ``inputs`` to the actor; the rewards are fetched when first asked for."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from easyr1.reward.function import RewardFunction, RewardInput
@@ -17,6 +17,8 @@ from easyr1.reward.function import RewardFunction, RewardInput
 
 if TYPE_CHECKING:
     import torch
+
+    from easyr1.reward.timed import TimedRewardFunction
 
 
 @dataclass(frozen=True)
@@ -26,9 +28,12 @@ class Rewards:
     ``sub_scores`` maps every score key (``overall`` included) to its B values, kept as python floats so that their
     metrics are computed exactly as the function returned them; ``scores`` is the (B,) float32 ``overall`` score.
     Plain lists travel from the reward actor, which then never imports torch (about 0.2 GB less resident memory).
+    ``timed_out`` says, per sample, whether its reward call ran past ``worker.reward.timeout`` and it got
+    ``worker.reward.timeout_score``; None when no call can time out that way.
     """
 
     sub_scores: dict[str, list[float]]
+    timed_out: list[bool] | None = field(default=None)
 
     def __len__(self) -> int:
         return len(self.sub_scores["overall"])
@@ -43,14 +48,24 @@ class Rewards:
     def index(self, rows: Sequence[int] | torch.Tensor) -> Rewards:
         """The rewards of ``rows``, in that order (a reordering, a selection or both)."""
         rows = rows.tolist() if hasattr(rows, "tolist") else list(rows)
-        return Rewards({key: [values[i] for i in rows] for key, values in self.sub_scores.items()})
+        timed_out = None if self.timed_out is None else [self.timed_out[i] for i in rows]
+        return Rewards({key: [values[i] for i in rows] for key, values in self.sub_scores.items()}, timed_out)
 
     @staticmethod
     def concat(parts: Sequence[Rewards]) -> Rewards:
         """The rewards of several batches, one after the other."""
+        timed_out = None
+        if any(part.timed_out is not None for part in parts):
+            timed_out = [flag for part in parts for flag in (part.timed_out or [False] * len(part))]
         return Rewards(
-            {key: [value for part in parts for value in part.sub_scores[key]] for key in parts[0].sub_scores}
+            {key: [value for part in parts for value in part.sub_scores[key]] for key in parts[0].sub_scores},
+            timed_out,
         )
+
+    @property
+    def timeouts(self) -> int:
+        """How many samples got the timeout score."""
+        return sum(self.timed_out or [])
 
 
 class PendingRewards:
@@ -66,8 +81,9 @@ class PendingRewards:
         return self._source
 
 
-def score_batch(reward_fn: RewardFunction, inputs: Sequence[RewardInput]) -> Rewards:
-    """Score reward inputs (one dict per sample, see the module docstring) with ``reward_fn``."""
-    score_dicts = reward_fn(inputs)
+def score_batch(reward_fn: RewardFunction | TimedRewardFunction, inputs: Sequence[RewardInput]) -> Rewards:
+    """Score reward inputs (one dict per sample, see :mod:`easyr1.reward.function`) with ``reward_fn``, under its
+    time limit when it has one."""
+    score_dicts, timed_out = reward_fn.score_with_timeouts(inputs)
     keys = list(score_dicts[0]) if score_dicts else ["overall"]
-    return Rewards({key: [float(score[key]) for score in score_dicts] for key in keys})
+    return Rewards({key: [float(score[key]) for score in score_dicts] for key in keys}, timed_out)

@@ -13,6 +13,7 @@ from typing import Protocol
 
 from easyr1.reward.function import RewardFunction, RewardInput
 from easyr1.reward.rewards import PendingRewards, score_batch
+from easyr1.reward.timed import TimedRewardFunction
 
 
 class RewardScorer(Protocol):
@@ -28,9 +29,9 @@ class RewardScorer(Protocol):
 
 
 class LocalRewardScorer:
-    """The reward function called in this process, at once."""
+    """The reward function called from this process, at once (in its child process when it has a time limit)."""
 
-    def __init__(self, reward_fn: RewardFunction) -> None:
+    def __init__(self, reward_fn: RewardFunction | TimedRewardFunction) -> None:
         self.reward_fn = reward_fn
 
     def score(self, inputs: Sequence[RewardInput]) -> PendingRewards:
@@ -38,4 +39,6 @@ class LocalRewardScorer:
         return PendingRewards(score_batch(self.reward_fn, inputs))
 
     def close(self) -> None:
-        """Nothing to release."""
+        """Stop the reward function's child process, if it has one."""
+        if isinstance(self.reward_fn, TimedRewardFunction):
+            self.reward_fn.close()

@@ -199,13 +199,15 @@ class SingleTurnStage:
         dataset = self.val_dataset
         size = self.config.data.val_batch_size
         size = len(dataset) if size == -1 else size
-        scores, sub_scores, lengths, shown = [], defaultdict(list), [], []
+        scores, sub_scores, lengths, shown, timed_out = [], defaultdict(list), [], [], []
         for start in tqdm(range(0, len(dataset), size), desc="validate", leave=False, disable=None):
             rows = range(start, min(start + size, len(dataset)))
             prompts = collate_fn([dataset[i] for i in rows])
             batch = self.generate(prompts, step, VALIDATION_ROUND + start, sampling, n=n)
             rewards = self.score(batch).result()
             scores.append(rewards.scores)
+            if rewards.timed_out is not None:
+                timed_out += rewards.timed_out
             for key, values in rewards.sub_scores.items():
                 sub_scores[key] += list(values)
             lengths.append(batch["response_mask"].sum(dim=-1).float())
@@ -220,6 +222,8 @@ class SingleTurnStage:
         for key, values in sub_scores.items():
             if key != "overall":
                 metrics[f"val/{key}"] = float(np.mean(values))
+        if timed_out:  # worker.reward.timeout_score set: samples scored with it, not by the reward function
+            metrics["val/reward_timeouts"] = float(sum(timed_out))
         return Validation(metrics, shown)
 
     def _generation_records(self, batch: Batch, scores: torch.Tensor) -> list[dict[str, Any]]:
