@@ -412,7 +412,7 @@ class Trainer:
                 "rng": rng_state(),
             }
             save_durably(driver_state, staging / TRAINER_STATE_NAME)
-            (staging / "config.yaml").write_text(to_yaml(self.config), encoding="utf-8")
+            (staging / "config.yaml").write_text(to_yaml(self.config, redacted=True), encoding="utf-8")
 
         return self.checkpoints.save(self.global_step, write, val_score)
 

@@ -10,7 +10,8 @@ of its fields:
 - ``ppo.py``: :class:`PPOConfig`, the worker section, the derived (mirror) fields, and the entry points of the
   checks (:meth:`PPOConfig.validate`, :func:`check_against_model`);
 - ``loading.py``: :func:`load_config` (YAML + dot-list overrides, renamed keys, suggestions), :func:`describe`,
-  :func:`to_yaml`;
+  :func:`to_yaml`, :func:`to_dict` (both optionally redacted), :func:`redacted_keys`;
+- ``redaction.py``: which values are secret-looking (key names, ``${oc.env:...}``) and their redaction;
 - ``checks.py``: the checks across sections (batch sizes, parallel sizes, lengths; the model's ``config.json``);
 - ``fields.py`` (field helpers, the compatibility-only marker, walking the tree), ``rules.py`` (value rules),
   ``paths.py`` (local paths made absolute).
@@ -34,7 +35,7 @@ from easyr1.config.actor import (
 from easyr1.config.algorithm import AlgorithmConfig
 from easyr1.config.data import DataConfig
 from easyr1.config.fields import compatibility_only_keys, compatibility_only_settings
-from easyr1.config.loading import describe, load_config, to_dict, to_yaml
+from easyr1.config.loading import describe, load_config, redacted_keys, to_dict, to_yaml
 from easyr1.config.ppo import MIRRORS, PPOConfig, WorkerConfig, check_against_model
 from easyr1.config.reward import RewardConfig
 from easyr1.config.rollout import RolloutConfig
@@ -67,6 +68,7 @@ __all__ = [
     "compatibility_only_settings",
     "describe",
     "load_config",
+    "redacted_keys",
     "to_dict",
     "to_yaml",
 ]

@@ -34,6 +34,12 @@ from easyr1.config.fields import (
     type_name,
 )
 from easyr1.config.ppo import MIRRORS, PPOConfig
+from easyr1.config.redaction import (
+    interpolated_secrets,
+    interpolated_secrets_of,
+    redact,
+    remember_interpolated_secrets,
+)
 from easyr1.errors import ConfigError
 
 
@@ -197,10 +203,13 @@ def load_config(argv: Sequence[str], *, validate: bool = True) -> PPOConfig:
     for item in overrides:
         _apply(merged, _parse_override(item), "from the command line", explicit)
     _check_explicit_derived(merged, explicit)
+    # which values come from the environment (or another secret) is known only before interpolations are resolved
+    secrets = interpolated_secrets(OmegaConf.to_container(merged, resolve=False), MIRRORS)
     try:
         config = OmegaConf.to_object(merged)
     except OmegaConfBaseException as exc:  # e.g. an interpolation ${...} that points nowhere
         raise ConfigError(f"cannot build the configuration: {exc}") from None
+    remember_interpolated_secrets(config, secrets)
     if validate:
         config.validate()
     return config
@@ -215,16 +224,26 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def to_dict(config: PPOConfig) -> dict[str, Any]:
-    """The config as nested plain dicts and lists (for loggers and JSON)."""
-    return _plain(dataclasses.asdict(config))
+def to_dict(config: PPOConfig, *, redacted: bool = False) -> dict[str, Any]:
+    """The config as nested plain dicts and lists (for loggers and JSON); with ``redacted``, secret-looking values
+    replaced by ``<redacted>`` (:mod:`easyr1.config.redaction`), as the trackers receive it."""
+    tree = _plain(dataclasses.asdict(config))
+    return redact(tree, interpolated_secrets_of(config))[0] if redacted else tree
 
 
-def to_yaml(config: PPOConfig) -> str:
+def redacted_keys(config: PPOConfig) -> list[str]:
+    """The dotted keys whose values ``to_dict(config, redacted=True)`` and ``to_yaml(config, redacted=True)`` leave
+    out (names only)."""
+    return redact(_plain(dataclasses.asdict(config)), interpolated_secrets_of(config))[1]
+
+
+def to_yaml(config: PPOConfig, *, redacted: bool = False) -> str:
     """The config as YAML text that :func:`load_config` reads back to an equal config.
 
     Derived mirror keys are left out: they are recomputed on loading, and leaving them out lets a saved config be
-    reused with overrides of the keys they are copied from.
+    reused with overrides of the keys they are copied from. With ``redacted`` (a checkpoint's ``config.yaml``),
+    values from ``${oc.env:...}`` are written as that interpolation, so the text reads them from the environment
+    again, and other secret-looking values as ``<redacted>``.
     """
     tree = to_dict(config)
     for derived in MIRRORS:
@@ -233,4 +252,6 @@ def to_yaml(config: PPOConfig) -> str:
         for part in parents:
             section = section[part]
         del section[last]
+    if redacted:
+        tree = redact(tree, interpolated_secrets_of(config), keep_interpolations=True)[0]
     return yaml.safe_dump(tree, sort_keys=False, allow_unicode=True)
