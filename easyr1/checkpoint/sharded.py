@@ -4,16 +4,22 @@ A component directory (``global_step_N/actor`` or ``global_step_N/critic``) hold
 
     model/                    DCP shards of the weights (each rank writes its own shard; any world size can load)
     optimizer/                DCP shards of the optimizer state (absent when saved with ``save_model_only``)
-    extra_state_rank_<r>.pt   rank r's learning-rate scheduler and RNG states (python, numpy, torch, cuda)
+    extra_state_rank_<r>.pt   rank r's learning-rate scheduler and RNG states (python, numpy, torch, cuda), as
+                              tensors and plain values only: read back with ``torch.load(weights_only=True)``
     huggingface/              config, generation config, tokenizer and processor files (rank 0), which
                               ``scripts/model_merger.py`` turns into a Hugging Face model together with ``model/``
 
 Files are fsynced before the call returns, so the driver can commit the step directory by renaming it.
+
+The ``.pt`` state files of a checkpoint (these and the driver's ``trainer_state.pt``) are read by
+:func:`load_state_file`: torch's weights-only unpickler, so a file that holds anything but tensors, numbers, strings,
+lists, tuples and dicts is refused before any of it runs.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import random
 from pathlib import Path
 from typing import Any
@@ -31,7 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from easyr1.errors import UserError
+from easyr1.errors import CheckpointError, UserError
 
 
 MODEL_DIR = "model"
@@ -45,20 +51,84 @@ def extra_state_name(rank: int) -> str:
 
 
 def rng_state() -> dict[str, Any]:
-    """Every random-number generator this process uses."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every random-number generator this process uses, as tensors and plain values (a weights-only load reads it)."""
+    _, key, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
+    state = {
+        "python": random.getstate(),  # (version, tuple of ints, gauss_next): plain values already
+        "numpy": {
+            "key": [int(word) for word in key],
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        },
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`rng_state` captured."""
+    """Restore what :func:`rng_state` captured (or what it captured before the numpy state became plain values:
+    numpy's own tuple)."""
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    numpy_state = state["numpy"]
+    if isinstance(numpy_state, dict):
+        key = np.asarray(numpy_state["key"], dtype=np.uint32)
+        numpy_state = (
+            "MT19937",
+            key,
+            numpy_state["pos"],
+            numpy_state["has_gauss"],
+            numpy_state["cached_gaussian"],
+        )
+    np.random.set_state(numpy_state)
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _legacy_numpy_globals() -> list[Any]:
+    """What the numpy RNG state of checkpoints written before it became plain values needs: numpy's array
+    reconstruction (under numpy 2's and numpy 1's module names), which builds arrays of numbers and calls nothing
+    else, so such files still load without running anything they carry."""
+    from numpy._core.multiarray import _reconstruct
+
+    return [
+        np.ndarray,
+        np.dtype,
+        type(np.dtype(np.uint32)),
+        _reconstruct,
+        (_reconstruct, "numpy.core.multiarray._reconstruct"),
+    ]
+
+
+def refusal_reason(error: pickle.UnpicklingError) -> str:
+    """The line of torch's weights-only refusal that says what was refused (the rest is advice for torch's users)."""
+    paragraphs = [part.strip() for part in str(error).split("\n\n") if part.strip()]
+    boilerplate = ("Weights only load failed", "Check the documentation")
+    reason = next(
+        (part for part in paragraphs if not part.startswith(boilerplate)), paragraphs[-1] if paragraphs else ""
+    )
+    return reason.removeprefix("WeightsUnpickler error:").strip()[:300]
+
+
+def load_state_file(path: Path) -> dict[str, Any]:
+    """A ``.pt`` state file of a checkpoint (``trainer_state.pt``, ``extra_state_rank_<r>.pt``), read with torch's
+    weights-only unpickler: tensors, numbers, strings, lists, tuples and dicts (and the numpy arrays of older
+    easyr1 checkpoints' RNG state). A file that holds anything else (a pickle that would import or call something)
+    is a :class:`CheckpointError` naming it, raised before any of its content runs."""
+    try:
+        with torch.serialization.safe_globals(_legacy_numpy_globals()):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        refused = refusal_reason(error)
+        raise CheckpointError(
+            f"{path}: refused to load: it holds more than tensors and plain values ({refused}), which easyr1 never "
+            "writes there, so the file was made or altered elsewhere and could run code when loaded. Load only "
+            "checkpoints you produced or trust (docs/security.md); resume from another checkpoint "
+            "(trainer.load_checkpoint_path) or start without one"
+        ) from None
 
 
 def save_durably(obj: Any, path: Path) -> None:
@@ -127,7 +197,7 @@ def load_component(
         set_optimizer_state_dict(model, optimizer, optimizer_state, options=StateDictOptions(strict=False))
     rank = dist.get_rank() if dist.is_initialized() else 0
     own = directory / extra_state_name(rank)
-    extra = torch.load(own if own.is_file() else directory / extra_state_name(0), weights_only=False)
+    extra = load_state_file(own if own.is_file() else directory / extra_state_name(0))
     if lr_scheduler is not None and extra["lr_scheduler"] is not None:
         lr_scheduler.load_state_dict(extra["lr_scheduler"])
     if own.is_file():

@@ -1,0 +1,137 @@
+"""A checkpoint's ``.pt`` state files are read as plain data: a crafted pickle placed as ``trainer_state.pt`` or
+``extra_state_rank_0.pt`` is refused before it runs, naming the file; what easyr1 writes (and wrote before its RNG
+state became plain values) still loads and restores every generator exactly."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from helpers import ONE_PROCESS, REPO, train
+
+from easyr1.checkpoint.manager import TRAINER_STATE_NAME, CheckpointDirectory
+from easyr1.checkpoint.sharded import (
+    extra_state_name,
+    load_component,
+    load_state_file,
+    rng_state,
+    save_component,
+    save_durably,
+    set_rng_state,
+)
+from easyr1.distributed.fsdp import data_parallel_mesh, shard_model
+from easyr1.errors import CheckpointError
+from easyr1.models.loading import load_model
+
+
+class CreatesMarker:
+    """Unpickled, it would run ``touch MARKER``: what a crafted checkpoint could do with any other command."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def plant(path: Path, marker: Path, zip_format: bool) -> None:
+    """A crafted pickle at ``path``: torch's zip format, or a bare pickle stream (torch reads both)."""
+    payload = {"global_step": 2, "rng": CreatesMarker(marker)}
+    if zip_format:
+        torch.save(payload, path)
+    else:
+        path.write_bytes(pickle.dumps(payload))
+
+
+def generators_draw() -> tuple[float, float, float]:
+    return random.random(), float(np.random.rand()), float(torch.rand(1))
+
+
+def sharded_checkpoint(model_dir: Path, root: Path) -> Path:
+    """One committed step of the tiny model (actor shards, optimizer, extra state, trainer state), as a run writes
+    it, with this process as the only rank."""
+    model = load_model(str(model_dir), torch.float32)
+    shard_model(model, data_parallel_mesh("cpu"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+
+    def write(staging: Path) -> None:
+        save_component(staging / "actor", model, optimizer, scheduler)
+        save_durably({"global_step": 2, "rng": rng_state()}, staging / TRAINER_STATE_NAME)
+
+    return CheckpointDirectory(root).save(2, write)
+
+
+@pytest.mark.parametrize("zip_format", [True, False], ids=["torch-zip", "bare-pickle"])
+def test_a_crafted_state_file_is_refused_without_running(tmp_path, zip_format):
+    marker, path = tmp_path / "marker", tmp_path / TRAINER_STATE_NAME
+    plant(path, marker, zip_format)
+    with pytest.raises(CheckpointError) as caught:
+        load_state_file(path)
+    assert str(path) in str(caught.value) and "refused to load" in str(caught.value), caught.value
+    assert not marker.exists()
+
+
+def test_crafted_extra_state_in_a_real_checkpoint_is_refused(process_group, tiny_qwen2_5_vl_dir, tmp_path):
+    step = sharded_checkpoint(tiny_qwen2_5_vl_dir, tmp_path / "run")
+    marker, extra = tmp_path / "marker", step / "actor" / extra_state_name(0)
+    plant(extra, marker, zip_format=True)
+    model = load_model(str(tiny_qwen2_5_vl_dir), torch.float32)
+    shard_model(model, data_parallel_mesh("cpu"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with pytest.raises(CheckpointError, match="refused to load") as caught:
+        load_component(step / "actor", model, optimizer, None)
+    assert str(extra) in str(caught.value)
+    assert not marker.exists()
+
+
+def test_crafted_trainer_state_stops_the_cli_before_it_runs(
+    process_group, tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path, rank_environment
+):
+    step = sharded_checkpoint(tiny_qwen2_5_vl_dir, tmp_path / "run")
+    dist.destroy_process_group()  # the run below is the only rank of its own group
+    marker = tmp_path / "marker"
+    plant(step / TRAINER_STATE_NAME, marker, zip_format=True)
+    run = train(
+        [
+            f"config={REPO / 'examples' / 'config_cpu.yaml'}",
+            f"worker.actor.model.model_path={tiny_qwen2_5_vl_dir}",
+            f"data.train_files={tiny_dataset_dir / 'train.jsonl'}",
+            f"worker.reward.reward_function={REPO / 'reward_function' / 'shape_color.py'}:compute_score",
+            f"trainer.save_checkpoint_path={tmp_path / 'run'}",
+            f"trainer.load_checkpoint_path={step}",
+            "trainer.max_steps=3",
+            *ONE_PROCESS,
+        ]
+    )
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert f"easyr1: error: {step / TRAINER_STATE_NAME}: refused to load" in run.stderr, run.stderr[-2000:]
+    assert not marker.exists()
+
+
+def test_rng_state_is_plain_data_and_restores_every_generator(tmp_path):
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    np.random.standard_normal()  # numpy keeps half a Gaussian pair: that cached value is part of the state
+    save_durably({"rng": rng_state()}, tmp_path / "state.pt")
+    expected = generators_draw()
+    generators_draw()
+    set_rng_state(load_state_file(tmp_path / "state.pt")["rng"])
+    assert generators_draw() == expected
+
+
+def test_rng_state_of_older_checkpoints_still_loads(tmp_path):
+    """Before this format, the numpy state was numpy's own tuple with an array: such files still load (numpy's
+    array reconstruction is all they need) and restore the same streams."""
+    np.random.seed(7), random.seed(7), torch.manual_seed(7)
+    older = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    assert isinstance(older["numpy"][1], np.ndarray)
+    save_durably({"rng": older}, tmp_path / "older.pt")
+    expected = generators_draw()
+    set_rng_state(load_state_file(tmp_path / "older.pt")["rng"])
+    assert generators_draw() == expected
