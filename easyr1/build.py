@@ -19,7 +19,7 @@ from typing import Any
 
 from easyr1.checkpoint.manager import TRAINER_STATE_NAME, CheckpointDirectory
 from easyr1.checkpoint.sharded import load_state_file
-from easyr1.config import PPOConfig, to_dict
+from easyr1.config import PPOConfig, redacted_keys, to_dict
 from easyr1.data import RLDataset, collate_fn
 from easyr1.data.sampler import PromptStream
 from easyr1.distributed.local_group import LocalWorkerGroup
@@ -27,7 +27,7 @@ from easyr1.distributed.worker import device_type, pick_backend
 from easyr1.engines import check_engine
 from easyr1.envs import check_environment
 from easyr1.errors import UserError
-from easyr1.logging import build_trackers
+from easyr1.logging import Tracker, build_trackers
 from easyr1.models.loading import load_model_config, load_tokenizer_and_processor
 from easyr1.reward import LocalRewardScorer, RewardScorer, load_reward_function
 from easyr1.reward.timed import timed_reward_function
@@ -79,6 +79,27 @@ def read_inputs(config: PPOConfig) -> RunInputs:
     return RunInputs(tokenizer, processor, model_config, prompts, val_dataset, reward_fn, total_steps)
 
 
+def start_trackers(config: PPOConfig, resume_step: int | None, total_steps: int) -> list[Tracker]:
+    """The trackers of ``trainer.logger``, given the config with its secret-looking values redacted
+    (:mod:`easyr1.config.redaction`); says once which keys were redacted (their names, never their values)."""
+    hidden = redacted_keys(config)
+    if hidden:
+        print(
+            f"easyr1: secret-looking config values kept out of the trackers and the checkpoints' config.yaml "
+            f"(the run uses them as given): {', '.join(hidden)}",
+            flush=True,
+        )
+    return build_trackers(
+        list(config.trainer.logger),
+        config.trainer.log_dir,
+        resume_step=resume_step,
+        project=config.trainer.project_name,
+        experiment=config.trainer.experiment_name,
+        config=to_dict(config, redacted=True),
+        total_steps=total_steps,
+    )
+
+
 def build_trainer(config: PPOConfig, inputs: RunInputs | None = None) -> Trainer:
     """The trainer of ``config`` with its parts: workers started and their models loaded, resumed if a checkpoint
     says so. ``inputs``: what :func:`read_inputs` read (read here when not given). A Ray run needs a Ray cluster
@@ -97,15 +118,7 @@ def build_trainer(config: PPOConfig, inputs: RunInputs | None = None) -> Trainer
     driver_state = load_state_file(resume_from / TRAINER_STATE_NAME) if resume_from else None
     for leftover in checkpoints.remove_leftovers():
         print(f"easyr1: removed {leftover}, a checkpoint write that was interrupted", flush=True)
-    trackers = build_trackers(
-        list(config.trainer.logger),
-        config.trainer.log_dir,
-        resume_step=int(driver_state["global_step"]) if driver_state else None,
-        project=config.trainer.project_name,
-        experiment=config.trainer.experiment_name,
-        config=to_dict(config),
-        total_steps=total_steps,
-    )
+    trackers = start_trackers(config, int(driver_state["global_step"]) if driver_state else None, total_steps)
 
     workers = start_workers(config, device)
     scorer: RewardScorer | None = None
