@@ -1,4 +1,5 @@
-"""Importing a python file the user names in the config (a reward function, an environment class).
+"""Importing a python file the user names in the config (a reward function, an environment class), and calling
+user code in a thread with a time limit (environment steps).
 
 Each file is imported under a private module name derived from its path, so two files called ``math.py`` in
 different directories do not replace each other (or the stdlib ``math``), and its directory is appended to
@@ -13,6 +14,7 @@ import importlib.util
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -65,3 +67,29 @@ def names_defined_in(module: ModuleType, keep: Callable[[Any], bool]) -> list[st
         for name, value in vars(module).items()
         if not name.startswith("_") and getattr(value, "__module__", None) == module.__name__ and keep(value)
     )
+
+
+class CallTimedOut(Exception):
+    """A call of user code that has not returned within its time limit (not a TimeoutError it raised itself)."""
+
+
+def call_with_time_limit(method: Any, args: tuple[Any, ...], seconds: float) -> Any:
+    """``method(*args)`` in a daemon thread: its result or its exception; CallTimedOut when it has not returned
+    within ``seconds``. The thread is left behind then, and, being a daemon, it never keeps the process from
+    exiting once the run has stopped (a thread pool's worker would be joined at exit, forever if it spins)."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = method(*args)
+        except BaseException as error:  # handed to the caller's thread as it is
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, name="env-step", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise CallTimedOut(f"{getattr(method, '__name__', method)} did not return within {seconds} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]

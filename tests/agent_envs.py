@@ -36,6 +36,9 @@ class ColourEnv(Environment):
             raise RuntimeError("board exploded")
         if self.fail == "hang" and self.t == 1:
             time.sleep(5)
+        if self.fail == "nan" and self.t == 1:
+            self.t += 1
+            return self._show(), float("nan"), False, {}
         if self.fail == "type" and self.t == 1:
             return "not a tuple"
         if self.fail == "markers" and self.t == 1:

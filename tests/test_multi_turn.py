@@ -4,6 +4,12 @@ count), and on bad environments (errors name the episode's seed and turn)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
 import torch
 from agent_envs import COLOURS, ColourEnv
@@ -250,6 +256,7 @@ def test_a_trajectory_that_would_not_fit_ends_cleanly_and_is_counted(
         ("type", r"episode seed 7, turn 1: step\(\) must return \(observation, reward, done, info\)"),
         ("markers", r"episode seed 7, turn 1: the observation's text has 2 <image> marker\(s\) but 1 image"),
         ("hang", r"episode seed 7, turn 1: step\(\) did not return within"),
+        ("nan", r"episode seed 7, turn 1: step\(\) returned the reward nan; it must be a finite number"),
     ],
 )
 def test_a_misbehaving_environment_stops_the_run_naming_the_episode(
@@ -348,3 +355,28 @@ def test_latest_context_makes_each_turn_its_own_row(tiny_qwen2_5_vl_dir, tiny_da
     # no prompt the engine saw held an earlier turn: one image each, never a model's answer
     assert all(prompt.count(image_pad) == 4 for prompt in stage.seen_prompts) and len(stage.seen_prompts) == 8
     assert rollout.metrics["env/success_rate"] == 1.0 and rollout.metrics["env/turns"] == 2.0
+
+
+def test_a_process_whose_environment_step_spins_still_exits():
+    """The step that never returns is left in a daemon thread: once the run has stopped, the process exits (a thread
+    pool's worker would be joined at exit, and the stopped run would never end)."""
+    script = textwrap.dedent(
+        """
+        import sys
+        from easyr1.user_code import CallTimedOut, call_with_time_limit
+
+        def spin():
+            while True:
+                pass
+
+        try:
+            call_with_time_limit(spin, (), 0.2)
+        except CallTimedOut:
+            sys.exit(2)
+        """
+    )
+    repo = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, timeout=120
+    )
+    assert result.returncode == 2

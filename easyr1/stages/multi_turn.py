@@ -31,8 +31,6 @@ from __future__ import annotations
 import math
 import random
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +52,7 @@ from easyr1.reward import PendingRewards, Rewards
 from easyr1.stages.base import ScoredSamples, Validation
 from easyr1.stages.sampling import VALIDATION_ROUND, round_first_seed, sampling_settings, validation_overrides
 from easyr1.stages.turn_encoding import Piece, TurnEncoder
+from easyr1.user_code import CallTimedOut, call_with_time_limit
 from easyr1.workers.hybrid_worker import HybridWorker
 
 
@@ -171,7 +170,6 @@ class MultiTurnStage:
         self.full_context = config.env.context == "full"
         self.rows_per_sample = config.env.rows_per_episode
         self.samples_generated = 0
-        self.steps = ThreadPoolExecutor(max_workers=1, thread_name_prefix="env-step")
 
     # -------------------------------------------------------------------------------------------- the interface
     def collect(self, prompts: Batch, step: int) -> ScoredSamples:
@@ -526,10 +524,9 @@ class MultiTurnStage:
 
     def _call(self, method: Any, where: str, *args: Any) -> Any:
         """Run an environment method; an exception or a hang stops the run naming the episode and turn."""
-        future = self.steps.submit(method, *args)
         try:
-            return future.result(timeout=STEP_TIMEOUT_SECONDS)
-        except FutureTimeout:
+            return call_with_time_limit(method, args, STEP_TIMEOUT_SECONDS)
+        except CallTimedOut:
             raise EnvError(
                 f"{where}: {method.__name__}() did not return within {STEP_TIMEOUT_SECONDS:.0f} s; the environment "
                 "hangs"
