@@ -5,6 +5,7 @@ score and is counted; the function's own errors and non-finite scores read as th
 
 from __future__ import annotations
 
+import json
 import os
 import textwrap
 import time
@@ -23,6 +24,7 @@ LIMIT = 1.0
 
 # Scores each sample with its length and the scoring process's pid; "hang" spins in pure python forever.
 HANGING_REWARD = """
+import json
 import os
 REWARD_TYPE = {reward_type!r}
 
@@ -199,3 +201,64 @@ def test_reward_actor_module_keeps_the_limit(tmp_path):
         assert actor.score([sample("hang"), sample("ok")]).sub_scores["overall"] == [5.0, 2.0]
     finally:
         actor.reward_fn.close()
+
+
+# Scores like the demo's reward on its first call; its second call (step 2) spins forever.
+HANGS_ON_THE_SECOND_CALL = """
+import json
+
+calls = 0
+
+def compute_score(inputs):
+    global calls
+    calls += 1
+    while calls >= 2:
+        pass
+    return [{"overall": float(item["ground_truth"] in item["response"])} for item in inputs]
+"""
+
+
+def test_a_reward_that_hangs_at_step_2_stops_the_run_and_loses_nothing(
+    tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path, rank_environment
+):
+    """One short run in this process (no Ray, the HF engine): step 1 is saved, step 2's reward call hangs and is
+    killed past the limit; the run stops with the sample named, step 1's checkpoint is whole and is the one a
+    resume picks, and the metrics file holds step 1 as whole lines."""
+    from helpers import ONE_PROCESS, train
+
+    from easyr1.checkpoint.manager import CheckpointDirectory
+
+    reward = tmp_path / "hangs_on_step_2.py"
+    reward.write_text(HANGS_ON_THE_SECOND_CALL)
+    run_dir = tmp_path / "run"
+    result = train(
+        [
+            f"config={REPO / 'examples' / 'config_cpu.yaml'}",
+            f"worker.actor.model.model_path={tiny_qwen2_5_vl_dir}",
+            f"data.train_files={tiny_dataset_dir / 'train.jsonl'}",
+            f"worker.reward.reward_function={reward}:compute_score",
+            *ONE_PROCESS,
+            "worker.rollout.name=hf",
+            "data.rollout_batch_size=2",
+            "worker.rollout.n=2",
+            "worker.actor.global_batch_size=2",
+            "data.max_response_length=4",
+            "trainer.max_steps=3",
+            "trainer.save_freq=1",
+            "worker.reward.timeout=2",
+            f"trainer.save_checkpoint_path={run_dir}",
+            f"trainer.log_dir={tmp_path / 'logs'}",
+        ]
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("easyr1: error: ")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr
+    assert (
+        "hangs_on_step_2.py:compute_score did not return within worker.reward.timeout=2 s on a batch of 4" in errors[0]
+    )
+    checkpoints = CheckpointDirectory(run_dir)
+    assert checkpoints.complete_steps() == [1]
+    assert checkpoints.resume_path(None, find_last_checkpoint=True) == checkpoints.step_dir(1)
+    lines = (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [record["step"] for record in records] == [1]
