@@ -262,3 +262,23 @@ def test_a_reward_that_hangs_at_step_2_stops_the_run_and_loses_nothing(
     lines = (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
     assert [record["step"] for record in records] == [1]
+
+
+@pytest.mark.ray
+def test_the_ray_reward_actor_stops_a_hang_and_scores_on(tmp_path):
+    """In the Ray actor (whose methods run outside its main thread, where no alarm signal can reach them) the child
+    process is killed past the limit: the hung sample gets the timeout score and the next call is served."""
+    from helpers import start_ray
+
+    from easyr1.reward.ray_scorer import RayRewardScorer
+
+    start_ray()
+    path = tmp_path / "hanging_sequential.py"
+    path.write_text(HANGING_REWARD.format(reward_type="sequential"))
+    scorer = RayRewardScorer(f"{path}:compute_score", {}, None, num_cpus=1, timeout=LIMIT, timeout_score=-1.0)
+    try:
+        rewards = scorer.score([sample("ok"), sample("hang")]).result()
+        assert rewards.sub_scores["overall"] == [2.0, -1.0] and rewards.timed_out == [False, True]
+        assert scorer.score([sample("abc")]).result().sub_scores["overall"] == [3.0]
+    finally:
+        scorer.close()
