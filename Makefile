@@ -2,7 +2,7 @@
 PYTHON ?= .venv/bin/python
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install install-gpu demo demo-agent test test-fast quality style clean
+.PHONY: install install-gpu demo demo-agent test test-fast bench-faults quality style clean
 
 install:
 	bash scripts/install_cpu.sh
@@ -39,6 +39,11 @@ test: install
 # The tests that start no Ray, no vLLM engine and no training run (markers: pyproject.toml); a few minutes.
 test-fast: install
 	EASYR1_TEST_TIER=fast $(PYTHON) -m pytest tests -q -m "not ray and not vllm and not e2e"
+
+# kill -9 of the whole CPU demo job at ten seeded moments (checkpoint writes, generation, update, validation, an agent
+# run), each resumed and compared with an uninterrupted run (bench/README.md); 15-30 minutes on 2 cores. SEED=N.
+bench-faults: install
+	PYTHONPATH=$$PWD $(PYTHON) bench/faults_kill_sweep.py --seed $${SEED:-0}
 
 quality: install
 	$(PYTHON) -m ruff check easyr1 tests scripts bench reward_function

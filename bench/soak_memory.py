@@ -14,6 +14,7 @@ grows" otherwise. ``--analyse`` re-fits a saved result (another ``--fit-from``, 
 
     python bench/soak_memory.py [--steps 200] [--workers 1] [--easyr1-set KEY=VALUE ...]
     python bench/soak_memory.py --analyse bench/results/soak-<time>.json [--fit-from 300]
+    python bench/soak_memory.py --analyse-metrics /tmp/soak_<id>/metrics.jsonl [--fit-from 50]   # a run cut short
 """
 
 from __future__ import annotations
@@ -31,6 +32,13 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peer_bench import EASYR1_SETTINGS, REPO, RESULTS, THREADS, TreeRss, ensure_assets, run_env  # noqa: E402
+
+
+# the series easyr1 logs itself, by name: each step's peak resident memory
+SERIES_KEYS = {
+    "driver peak RSS (perf/driver_max_host_memory_gb)": "perf/driver_max_host_memory_gb",
+    "worker peak RSS (perf/max_host_memory_gb, mean)": "perf/max_host_memory_gb",
+}
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
@@ -130,7 +138,19 @@ def main() -> None:
         help="MB / 100 steps below which a series without its largest rise is flat",
     )
     parser.add_argument("--analyse", metavar="SOAK_JSON", help="re-fit a saved soak-<time>.json instead of running")
+    parser.add_argument(
+        "--analyse-metrics",
+        metavar="METRICS_JSONL",
+        help="fit the driver and worker series of a run's metrics.jsonl (a soak stopped before its end: no tree RSS)",
+    )
     args = parser.parse_args()
+    if args.analyse_metrics:
+        lines = Path(args.analyse_metrics).read_text().splitlines()
+        records = [r for r in (json.loads(line) for line in lines if line.strip()) if "timing/step" in r]
+        series = {name: {int(r["step"]): r[key] for r in records if key in r} for name, key in SERIES_KEYS.items()}
+        print(f"{len(records)} steps, median {statistics.median(r['timing/step'] for r in records):.2f} s/step")
+        analyse(series, args.fit_from, max(int(r["step"]) for r in records), args.tolerance)
+        return
     if args.analyse:
         saved = json.loads(Path(args.analyse).read_text())
         last = max(int(step) for values in saved["series"].values() for step in values)
@@ -175,15 +195,8 @@ def main() -> None:
 
     records = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
     records = [r for r in records if "timing/step" in r]
-    series = {
-        "driver peak RSS (perf/driver_max_host_memory_gb)": {
-            int(r["step"]): r["perf/driver_max_host_memory_gb"] for r in records
-        },
-        "worker peak RSS (perf/max_host_memory_gb, mean)": {
-            int(r["step"]): r["perf/max_host_memory_gb"] for r in records if "perf/max_host_memory_gb" in r
-        },
-        "process tree RSS (sampled at each step's log line)": tree_by_step,
-    }
+    series = {name: {int(r["step"]): r[key] for r in records if key in r} for name, key in SERIES_KEYS.items()}
+    series["process tree RSS (sampled at each step's log line)"] = tree_by_step
     step_times = [r["timing/step"] for r in records]
     print(
         f"{len(records)} steps, median {statistics.median(step_times):.2f} s/step, tree peak RSS {tree_peak:.2f} GB, "

@@ -1,0 +1,301 @@
+"""Kill sweep: ``kill -9`` of the whole CPU demo job at seeded random moments, then a resume, ten times.
+
+Each case starts ``python -m easyr1.main`` (examples/config_cpu.yaml, 12 steps, a checkpoint every 2 steps,
+validation every 4; one case on examples/config_agent_cpu.yaml, 6 steps) in a process group of its own, waits for
+its moment, kills the group with SIGKILL, runs the same command again to the end, and checks that every step's
+metrics (timings, throughput and memory left out) equal those of an uninterrupted run of the same config, that no
+partial step is left and that the run's checkpoints are the uninterrupted run's.
+
+Moments are chosen by watching the job, not by sleeps alone. The case draws a step and a delay (seeded); once the
+step is under way (the previous step's line in ``metrics.jsonl``) and the delay has passed, the driver's Python stack
+is read every few milliseconds (``faulthandler`` on SIGUSR1, registered by the launcher below; the job's own code
+is unchanged) and the kill comes at the first reading inside the case's phase: ``collect`` (generation and scoring),
+``_update`` (the policy update), ``validate``, or ``save_checkpoint`` (for those, ``global_step_N.partial`` must be on
+disk too). The stack at the kill is kept, so each case reports where the driver really was.
+
+    PYTHONPATH=$PWD .venv/bin/python bench/faults_kill_sweep.py [--seed 0] [--only 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+STEPS, AGENT_STEPS = 12, 6
+SAVE_FREQ, VAL_FREQ = 2, 4
+# the driver's function that marks each phase in its stack (trainer.py, stages/)
+PHASE_FRAMES = {
+    "checkpoint": "save_checkpoint",
+    "validation": "validate",
+    "update": "_update",
+    "generation": "collect",
+}
+LAUNCHER = (
+    "import faulthandler, runpy, signal, sys\n"
+    "faulthandler.register(signal.SIGUSR1, file=open(sys.argv[1], 'w'), all_threads=True)\n"
+    "sys.argv = ['easyr1.main', *sys.argv[2:]]\n"
+    "runpy.run_module('easyr1.main', run_name='__main__', alter_sys=True)\n"
+)
+
+
+@dataclass
+class Case:
+    """One kill: which config, the phase aimed at, the step it is aimed into, and the delay after that step began."""
+
+    name: str
+    agent: bool
+    phase: str
+    step: int
+    delay: float
+    # filled by the run
+    killed_after_s: float | None = None
+    killed_in: str | None = None
+    stack: list[str] = field(default_factory=list)
+    partial_on_disk: list[str] = field(default_factory=list)
+    steps_done_at_kill: int = 0
+    resumed_from: str | None = None
+    resume_s: float | None = None
+    result: str = "not run"
+
+
+def run_args(agent: bool, run_dir: Path) -> list[str]:
+    """The CLI's arguments of a case's job (and of its uninterrupted reference)."""
+    config = "examples/config_agent_cpu.yaml" if agent else "examples/config_cpu.yaml"
+    args = [f"config={config}", f"trainer.save_freq={SAVE_FREQ}", f"trainer.save_checkpoint_path={run_dir}"]
+    if agent:
+        return [*args, f"trainer.max_steps={AGENT_STEPS}"]
+    return [*args, f"trainer.max_steps={STEPS}", f"trainer.val_freq={VAL_FREQ}"]
+
+
+def start(args: list[str], log: Path, stacks: Path) -> subprocess.Popen:
+    """The CLI through the launcher, in a session of its own so that the kill reaches Ray's processes too."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-c", LAUNCHER, str(stacks), *args],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def kill_hard(process: subprocess.Popen) -> None:
+    """SIGKILL the driver, then whatever is left of its process group (Ray's processes, the workers)."""
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    time.sleep(2)  # let orphaned workers notice their driver is gone
+
+
+def logged_steps(run_dir: Path) -> int:
+    """Training steps in the run's metrics.jsonl so far."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    # a line still being written has no newline yet: counted once it is complete
+    return sum(1 for line in path.read_text().split("\n")[:-1] if '"timing/step"' in line)
+
+
+def main_thread_stack(dump: str) -> list[str]:
+    """The driver's main-thread frames (innermost first) from the newest faulthandler dump in ``dump``."""
+    blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump.strip())
+    for block in reversed(blocks):
+        frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', block)
+        if any(path.endswith("easyr1/main.py") for path, _, _ in frames):
+            return [f"{Path(path).name}:{line} {function}" for path, line, function in frames]
+    return []
+
+
+def phase_of(stack: list[str]) -> str:
+    """The phase a main-thread stack is in (the innermost marking frame wins)."""
+    functions = [frame.split(" ")[-1] for frame in stack]
+    for function in functions:
+        for phase, marker in PHASE_FRAMES.items():
+            if function == marker:
+                return phase
+    return "other"
+
+
+def kill_at_moment(case: Case, process: subprocess.Popen, run_dir: Path, stacks: Path, log: Path) -> None:
+    """Wait for the case's step, its delay, then the first stack reading in its phase; kill there."""
+    began = time.perf_counter()
+    deadline = time.monotonic() + 900
+    while logged_steps(run_dir) < case.step - 1:
+        if process.poll() is not None:
+            raise RuntimeError(f"{case.name}: the job ended before step {case.step}: {log.read_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{case.name}: step {case.step} never began")
+        time.sleep(0.01)
+    partial = run_dir / f"global_step_{case.step}.partial"
+    while case.phase == "checkpoint" and not partial.exists():
+        if process.poll() is not None or logged_steps(run_dir) >= case.step or time.monotonic() > deadline:
+            raise RuntimeError(f"{case.name}: {partial.name} was never seen")
+        time.sleep(0.002)
+    time.sleep(case.delay)
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"{case.name}: the job ended before its moment: {log.read_text()[-3000:]}")
+        if time.monotonic() > deadline or logged_steps(run_dir) >= case.step:
+            raise RuntimeError(f"{case.name}: step {case.step} ended before its phase ({case.phase}) was seen")
+        offset = stacks.stat().st_size if stacks.exists() else 0
+        process.send_signal(signal.SIGUSR1)
+        time.sleep(0.005)
+        with stacks.open() as file:
+            file.seek(offset)
+            stack = main_thread_stack(file.read())
+        in_phase = phase_of(stack) == case.phase
+        if in_phase and (case.phase != "checkpoint" or partial.exists()):
+            case.partial_on_disk = sorted(p.name for p in run_dir.glob("*.partial"))
+            case.steps_done_at_kill = logged_steps(run_dir)
+            kill_hard(process)
+            case.killed_after_s = time.perf_counter() - began
+            case.killed_in, case.stack = phase_of(stack), stack[:8]
+            return
+        time.sleep(0.005)
+
+
+def deterministic_metrics(run_dir: Path) -> dict[int, dict[str, float]]:
+    """Per step, every metric but measurements of the machine (as tests/test_resume_fault.py compares them)."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [record["step"] for record in records]
+    if steps != sorted(set(steps)):
+        raise AssertionError(f"steps logged twice or out of order: {steps}")
+    return {
+        record["step"]: {k: v for k, v in record.items() if not k.startswith(("timing/", "throughput/", "perf/"))}
+        for record in records
+    }
+
+
+def compare(expected: dict[int, dict[str, float]], run_dir: Path, total: int) -> str:
+    """``"equal"``, or what differs."""
+    actual = deterministic_metrics(run_dir)
+    if sorted(actual) != list(range(1, total + 1)):
+        return f"steps {sorted(actual)} logged"
+    for step in expected:
+        if actual[step] != expected[step]:
+            keys = sorted(k for k in expected[step] if actual[step].get(k) != expected[step][k])
+            return f"step {step} differs in {keys[:5]}"
+    leftovers = sorted(p.name for p in run_dir.iterdir() if p.name.endswith((".partial", ".deleting")))
+    steps = sorted(
+        int(p.name.split("_")[-1]) for p in run_dir.glob("global_step_*") if p.name.split("_")[-1].isdigit()
+    )
+    if leftovers:
+        return f"leftovers {leftovers}"
+    wanted = list(range(SAVE_FREQ, total + 1, SAVE_FREQ))
+    if steps != wanted:
+        return f"checkpoints {steps}, expected {wanted}"
+    return "equal"
+
+
+def plan_cases(seed: int) -> list[Case]:
+    """Ten cases: 3 in a checkpoint write, 3 in generation, 2 in the update, 1 in validation, 1 in an agent run."""
+    draw = random.Random(seed)
+    saves = list(range(SAVE_FREQ, STEPS + 1, SAVE_FREQ))
+    # a checkpoint case's delay counts from the moment its .partial directory appears: a moment inside the write
+    cases = [
+        Case(f"checkpoint-{i + 1}", False, "checkpoint", step, draw.uniform(0, 0.2))
+        for i, step in enumerate(sorted(draw.sample(saves, 3)))
+    ]
+    cases += [
+        Case(f"generation-{i + 1}", False, "generation", step, draw.uniform(0, 0.3))
+        for i, step in enumerate(sorted(draw.sample(range(1, STEPS + 1), 3)))
+    ]
+    cases += [
+        Case(f"update-{i + 1}", False, "update", step, draw.uniform(0, 0.3))
+        for i, step in enumerate(sorted(draw.sample(range(1, STEPS + 1), 2)))
+    ]
+    cases.append(Case("validation", False, "validation", draw.choice(range(VAL_FREQ, STEPS + 1, VAL_FREQ)), 0.0))
+    agent_phase = draw.choice(["generation", "update"])
+    cases.append(Case(f"agent-{agent_phase}", True, agent_phase, draw.randint(1, AGENT_STEPS), draw.uniform(0, 0.3)))
+    return cases
+
+
+def reference(agent: bool, work: Path) -> tuple[dict[int, dict[str, float]], float]:
+    """The uninterrupted run's metrics, and its wall time."""
+    run_dir = work / ("reference-agent" if agent else "reference")
+    began = time.perf_counter()
+    process = start(run_args(agent, run_dir), work / f"{run_dir.name}.log", work / f"{run_dir.name}.stacks")
+    if process.wait() != 0:
+        raise SystemExit(f"the uninterrupted run failed: {(work / f'{run_dir.name}.log').read_text()[-3000:]}")
+    return deterministic_metrics(run_dir), time.perf_counter() - began
+
+
+def main() -> None:
+    """Run the references, then every case; print one line per case and write the results as JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=0, help="draws the cases' steps and delays")
+    parser.add_argument("--only", type=int, default=None, help="run the first N cases only")
+    args = parser.parse_args()
+    subprocess.run([sys.executable, "-m", "easyr1.tools.demo_assets"], cwd=REPO, check=True)
+    work = Path(tempfile.mkdtemp(prefix="kill_sweep_"))
+    cases = plan_cases(args.seed)[: args.only]
+    print(f"work directory: {work}", flush=True)
+    expected, seconds = {}, {}
+    for agent in sorted({case.agent for case in cases}):
+        expected[agent], seconds[agent] = reference(agent, work)
+        print(f"uninterrupted {'agent ' if agent else ''}run: {seconds[agent]:.0f} s", flush=True)
+    for case in cases:
+        run_dir = work / case.name
+        args_ = run_args(case.agent, run_dir)
+        stacks = work / f"{case.name}.stacks"
+        process = start(args_, work / f"{case.name}.log", stacks)
+        try:
+            kill_at_moment(case, process, run_dir, stacks, work / f"{case.name}.log")
+        except RuntimeError as error:
+            kill_hard(process)
+            case.result = f"no kill: {error}"[:300]
+            print(f"{case.name}: {case.result}", flush=True)
+            continue
+        began = time.perf_counter()
+        resumed = subprocess.run(
+            [sys.executable, "-m", "easyr1.main", *args_],
+            cwd=REPO,
+            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+        )
+        case.resume_s = time.perf_counter() - began
+        (work / f"{case.name}.resume.log").write_text(resumed.stdout + resumed.stderr)
+        found = re.search(r"resumed from (\S+)", resumed.stdout)
+        case.resumed_from = Path(found.group(1)).name if found else "the start"
+        if resumed.returncode != 0:
+            case.result = f"resume failed ({resumed.returncode}): {resumed.stderr[-300:]}"
+        else:
+            case.result = compare(expected[case.agent], run_dir, AGENT_STEPS if case.agent else STEPS)
+        print(
+            f"{case.name}: aimed at {case.phase} of step {case.step} (+{case.delay:.2f} s), killed after "
+            f"{case.killed_after_s:.1f} s in {case.killed_in} ({case.stack[0] if case.stack else '?'}), "
+            f"{case.steps_done_at_kill} steps logged, partial on disk: {case.partial_on_disk or 'none'}; resumed from "
+            f"{case.resumed_from} in {case.resume_s:.0f} s: {case.result}",
+            flush=True,
+        )
+    passed = sum(case.result == "equal" for case in cases)
+    print(f"{passed} of {len(cases)} cases resumed to the uninterrupted run's metrics", flush=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"kill-sweep-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    payload = {"seed": args.seed, "work": str(work), "reference_s": seconds, "cases": [asdict(c) for c in cases]}
+    out.write_text(json.dumps(payload, indent=1, default=str))
+    print(f"results: {out}", flush=True)
+    raise SystemExit(0 if passed == len(cases) else 1)
+
+
+if __name__ == "__main__":
+    main()
