@@ -80,7 +80,7 @@ def test_report_survives_non_finite_rewards_and_hostile_rollouts(tmp_path):
         {"text": "inf", "score": float("inf"), "sub_scores": {"accuracy": float("-inf")}},
         {"text": "-inf", "score": float("-inf"), "sub_scores": {}},
         {"text": "a string score", "score": '"><script>', "sub_scores": None},
-        {"text": "half", "score": 0.5, "sub_scores": {"accuracy": 0.5}},
+        {"text": "half \x00\x1b[31m \ud800", "score": 0.5, "sub_scores": {"accuracy": 0.5}},
     ]
     episode = {"seed": script, "success": True, "truncated": False, "turns": [
         {"images": ["javascript:alert(1)", "/etc/passwd", 'a" onerror="x.png'], "text": script, "action": script,
@@ -114,6 +114,7 @@ def test_report_survives_non_finite_rewards_and_hostile_rollouts(tmp_path):
     assert "&lt;script&gt;" in page and "Step 3&quot; onmouseover" in page  # shown as text
     rows = [attrs["style"] for tag, attrs in structure.tags if tag == "tr" and "style" in attrs]
     assert rows[:5] == [f"background:{NEUTRAL_COLOUR}"] * 4 + ["background:hsl(60, 70%, 88%)"]
+    assert "half \ufffd\ufffd[31m \ufffd" in page  # control characters and a lone surrogate, replaced
     for word in (">nan<", ">inf<", ">-inf<"):
         assert word in page
 

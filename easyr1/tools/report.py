@@ -109,9 +109,16 @@ def _score_colour(score: object) -> str:
     return f"hsl({round(120 * min(max(number, 0.0), 1.0))}, 70%, 88%)"
 
 
+# Characters a page must not hold: control characters (a model's text can have any) and lone surrogates (JSON can
+# spell them, UTF-8 cannot encode them).
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
+
+
 def _text(value: object) -> str:
-    """Any logged value as HTML text: ``str`` of it, escaped (quotes included, so it is safe in attributes too)."""
-    return html.escape(value if isinstance(value, str) else str(value), quote=True)
+    """Any logged value as HTML text: ``str`` of it, escaped (quotes included, so it is safe in attributes too), with
+    unprintable characters shown as U+FFFD."""
+    text = value if isinstance(value, str) else str(value)
+    return html.escape(_UNPRINTABLE.sub("\ufffd", text), quote=True)
 
 
 def _number(value: object) -> str:
