@@ -464,7 +464,7 @@ def _write_video(path: Path, frames: int, fps: int) -> None:
 
 
 def test_sample_times_are_even_in_count_and_inside_the_video():
-    from easyr1.data.vision import sample_times
+    from easyr1.data.video_file import sample_times
 
     assert sample_times(1.75, 2.0) == [0.0, 0.5, 1.0, 1.5]
     assert sample_times(1.0, 2.0) == [0.0, 0.5, 1.0, 1.0]  # 3 frames, padded to an even count

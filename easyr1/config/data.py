@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from easyr1.config.fields import option
-from easyr1.config.rules import AT_LEAST_ONE, AT_LEAST_ONE_OR_NULL, MINUS_ONE_OR_AT_LEAST_ONE, NON_NEGATIVE, POSITIVE
+from easyr1.config.rules import (
+    AT_LEAST_ONE,
+    AT_LEAST_ONE_OR_NULL,
+    MINUS_ONE_OR_AT_LEAST_ONE,
+    NON_NEGATIVE,
+    POSITIVE,
+    POSITIVE_OR_NULL,
+)
 
 
 @dataclass
@@ -23,6 +30,20 @@ class DataConfig:
     video_key: str = option("videos", "row key of the videos (paths or lists of frames)")
     image_dir: str | None = option(None, "directory of relative image/video paths (null: the data file's directory)")
     video_fps: float = option(2.0, "frames per second sampled from videos")
+    video_max_frames: int = option(
+        768,
+        "most frames taken from one video: a longer video file's frames are thinned to this many, evenly spread "
+        "(its recorded fps lowered to match); a list or folder of more frames is a bad row (qwen-vl-utils' "
+        "FPS_MAX_FRAMES)",
+    )
+    video_max_pixels: int | None = option(
+        None,
+        "largest video frame area in pixels after resizing, below max_pixels (null: 768 vision tokens' worth, "
+        "qwen-vl-utils' default: 602112 for Qwen2/2.5-VL, 786432 for Qwen3-VL)",
+    )
+    video_max_duration: float | None = option(
+        None, "longest video file in seconds; a longer one is a bad row (null: no limit, as in qwen-vl-utils)"
+    )
     max_prompt_length: int = option(512, "longest prompt in tokens, vision tokens included")
     max_response_length: int = option(512, "most tokens generated per response")
     rollout_batch_size: int = option(512, "prompts per training step; each is sampled worker.rollout.n times")
@@ -57,6 +78,9 @@ DATA_RANGES = {
     "mini_rollout_batch_size": AT_LEAST_ONE_OR_NULL,
     "val_batch_size": MINUS_ONE_OR_AT_LEAST_ONE,
     "video_fps": POSITIVE,
+    "video_max_frames": (lambda v: v >= 2, "at least 2 (Qwen-VL takes frames in pairs)"),
+    "video_max_pixels": AT_LEAST_ONE_OR_NULL,
+    "video_max_duration": POSITIVE_OR_NULL,
     "min_pixels": AT_LEAST_ONE_OR_NULL,
     "max_pixels": AT_LEAST_ONE_OR_NULL,
     "filter_overlong_prompts_workers": AT_LEAST_ONE,
@@ -68,3 +92,7 @@ def check_data_pairs(data: DataConfig, problems: list[str]) -> None:
     """Pairs of ``data`` values in the wrong order."""
     if data.min_pixels is not None and data.max_pixels is not None and data.min_pixels > data.max_pixels:
         problems.append(f"data.min_pixels={data.min_pixels} is larger than data.max_pixels={data.max_pixels}")
+    if data.min_pixels is not None and data.video_max_pixels is not None and data.min_pixels > data.video_max_pixels:
+        problems.append(
+            f"data.min_pixels={data.min_pixels} is larger than data.video_max_pixels={data.video_max_pixels}"
+        )

@@ -18,6 +18,7 @@ import torch
 from easyr1.data.checks import RowError, check_answer, check_columns, check_prompt, vision_values
 from easyr1.data.lengths import PromptLength, expanded_length
 from easyr1.data.prompt import build_messages, load_chat_template, load_format_prompt, render_prompt
+from easyr1.data.video_file import DEFAULT_MAX_FRAMES, VideoLimits
 from easyr1.data.vision import (
     VisionBounds,
     frames_to_array,
@@ -26,6 +27,7 @@ from easyr1.data.vision import (
     load_video,
     processed_size,
     resize_image,
+    video_bounds,
     video_shape,
     vision_bounds,
 )
@@ -198,7 +200,7 @@ class RLDataset(torch.utils.data.Dataset):
 
     Every row is checked while the dataset is built, before any model loads: columns and their types, empty
     prompts, marker counts, each image and video frame (size from the file header, and the file read through so
-    that a truncated one fails: PNG checksums, JPEG decoded at 1/8 scale; video files are decoded), and the
+    that a truncated one fails: PNG checksums, JPEG decoded at 1/8 scale; video files from their metadata), and the
     expanded prompt length computed from those sizes (:mod:`easyr1.data.lengths`). The first bad row raises
     :class:`~easyr1.data.checks.RowError` naming ``file line N``; with ``skip_bad_rows`` bad rows are dropped
     instead, one line reports them, and after construction
@@ -226,6 +228,9 @@ class RLDataset(torch.utils.data.Dataset):
         max_pixels: int | None = None,
         filter_overlong_prompts: bool = True,
         video_fps: float = 2.0,
+        video_max_frames: int = DEFAULT_MAX_FRAMES,
+        video_max_pixels: int | None = None,
+        video_max_duration: float | None = None,
         override_chat_template: str | None = None,
         model_config: Any = None,
         skip_bad_rows: bool = False,
@@ -242,6 +247,11 @@ class RLDataset(torch.utils.data.Dataset):
         self.image_dir = Path(image_dir).expanduser() if image_dir else None
         self.max_prompt_length = int(max_prompt_length)
         self.video_fps = float(video_fps)
+        self.video_limits = VideoLimits(
+            fps=self.video_fps,
+            max_frames=int(video_max_frames),
+            max_duration=None if video_max_duration is None else float(video_max_duration),
+        )
         self.template = load_format_prompt(format_prompt)
         self.chat_template = load_chat_template(override_chat_template)
         self.pad_token_id = pad_token_id(tokenizer)
@@ -253,10 +263,12 @@ class RLDataset(torch.utils.data.Dataset):
             )
         self.bounds: VisionBounds | None = None
         self.processor_bounds: VisionBounds | None = None  # the processor's own, used when it resizes again
+        self.video_bounds: VisionBounds | None = None  # the frames' bounds: max_pixels lowered by video_max_pixels
         self.mrope: MRopeSettings | None = None
         if processor is not None and getattr(processor, "image_processor", None) is not None:
             self.bounds = vision_bounds(processor, min_pixels, max_pixels)
             self.processor_bounds = vision_bounds(processor)
+            self.video_bounds = video_bounds(self.bounds, video_max_pixels)
             self.mrope = self._mrope_settings(model_config, tokenizer)
 
         self.rows = load_rows(self.data_files)
@@ -285,6 +297,9 @@ class RLDataset(torch.utils.data.Dataset):
             "max_pixels": None,
             "filter_overlong_prompts": True,
             "video_fps": 2.0,
+            "video_max_frames": DEFAULT_MAX_FRAMES,
+            "video_max_pixels": None,
+            "video_max_duration": None,
             "override_chat_template": None,
             "skip_bad_rows": False,
         }
@@ -376,10 +391,8 @@ class RLDataset(torch.utils.data.Dataset):
             processed_size(*image_size(value, base_dir, where, verify=True), self.bounds, self.processor_bounds)
             for value in images
         ]
-        video_shapes = [video_shape(value, base_dir, where, self.video_fps, self.bounds) for value in videos]
-        return expanded_length(
-            self.tokenizer, self.processor, chat, image_sizes, video_shapes, self.bounds, self.video_fps, where
-        )
+        video_shapes = [video_shape(value, base_dir, where, self.video_limits, self.video_bounds) for value in videos]
+        return expanded_length(self.tokenizer, self.processor, chat, image_sizes, video_shapes, self.bounds, where)
 
     # ------------------------------------------------------------------ building one item
 
@@ -407,18 +420,18 @@ class RLDataset(torch.utils.data.Dataset):
         """Expanded ids (L,), the multi-modal data for the rollout engine and the processor tensors."""
         base_dir = self._base_dir(row)
         images = [resize_image(load_image(value, base_dir, row.where), self.bounds) for value in image_values]
-        videos = [
-            frames_to_array(
-                [resize_image(frame, self.bounds) for frame in load_video(v, base_dir, row.where, self.video_fps)]
-            )
-            for v in video_values
-        ]
+        sampled = [load_video(v, base_dir, row.where, self.video_limits, self.video_bounds) for v in video_values]
+        videos = [frames_to_array(video.frames) for video in sampled]
         kwargs: dict[str, Any] = {}
         if videos:
-            kwargs["do_sample_frames"] = False  # frames are already sampled at video_fps
+            kwargs["do_sample_frames"] = False  # frames are already sampled (at video_fps, or thinned to the cap)
             kwargs["video_metadata"] = [
-                {"fps": self.video_fps, "total_num_frames": len(video), "frames_indices": list(range(len(video)))}
-                for video in videos
+                {
+                    "fps": video.fps,
+                    "total_num_frames": len(video.frames),
+                    "frames_indices": list(range(len(video.frames))),
+                }
+                for video in sampled
             ]
         outputs = self.processor(
             text=[chat],

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from easyr1.data.checks import RowError
-from easyr1.data.vision import VisionBounds, vision_token_count
+from easyr1.data.vision import VideoShape, VisionBounds, vision_token_count
 
 
 @dataclass(frozen=True)
@@ -83,15 +83,14 @@ def expanded_length(
     processor: Any,
     chat: str,
     image_sizes: Sequence[tuple[int, int]],
-    video_shapes: Sequence[tuple[int, int, int]],
+    video_shapes: Sequence[VideoShape],
     bounds: VisionBounds | None,
-    fps: float,
     where: str,
 ) -> PromptLength:
     """Length of ``chat`` after the processor expands its vision placeholders.
 
-    ``image_sizes`` are the (height, width) the images are resized to, ``video_shapes`` the (frames, height,
-    width) of each video as handed to the processor, ``fps`` the frame rate recorded in the video metadata.
+    ``image_sizes`` are the (height, width) the images are resized to, ``video_shapes`` each video as handed to
+    the processor (frames, height, width, and the frame rate recorded in its metadata).
     Raises RowError when the placeholders in ``chat`` do not match the row's images and videos.
     """
     ids = tokenizer.encode(chat, add_special_tokens=False)
@@ -103,7 +102,7 @@ def expanded_length(
         # Video placeholders may expand to text (timestamps), so the expanded prompt is tokenized again.
         pieces = chat.split(processor.video_token)
         for index, shape in enumerate(video_shapes):
-            text, tokens = video_placeholder(processor, *shape, fps, where)
+            text, tokens = video_placeholder(processor, shape.frames, shape.height, shape.width, shape.fps, where)
             pieces[index + 1] = text + pieces[index + 1]
             vision += tokens
         total = len(tokenizer.encode("".join(pieces), add_special_tokens=False))

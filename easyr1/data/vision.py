@@ -1,5 +1,9 @@
 """Vision inputs of a dataset row: decode images and video frames, convert to RGB, resize to the model's grid.
 
+Image files are opened only as PNG, JPEG, WebP, GIF, BMP or TIFF. Video files are read through
+:mod:`easyr1.data.video_file`: measured from their metadata, and only the sampled frames decoded, at their target
+size.
+
 Images are resized once, here, to exactly the size the Qwen-VL image processor would choose: both sides a
 multiple of patch_size * merge_size, the pixel count inside [min_pixels, max_pixels], the aspect ratio kept.
 The processor's own resize is then a no-op, so the images handed to the rollout engine and the pixel values
@@ -19,6 +23,14 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from easyr1.data.checks import RowError
+from easyr1.data.video_file import (
+    DEFAULT_FRAME_TOKENS,
+    VideoFileInfo,
+    VideoLimits,
+    decode_frames,
+    read_video_info,
+    video_sampling,
+)
 from easyr1.errors import DataError
 
 
@@ -142,12 +154,56 @@ _UNREADABLE = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 _PATH_FIX = "fix the path (relative paths start at data.image_dir, or at the data file's folder when it is unset)"
 
 
+# The formats image files are opened as: those the processors' users send. Pillow would otherwise try every format
+# it knows, some through outside programs (EPS / PostScript runs Ghostscript) or rarely used parsers.
+IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
+
+
+def _open_as_allowed_format(source: Path | io.BytesIO, value: Any, where: str) -> Image.Image:
+    """``Image.open`` limited to :data:`IMAGE_FORMATS`; a file of another format Pillow knows is a RowError that
+    names that format (found from the file's first bytes, nothing parsed)."""
+    try:
+        return Image.open(source, formats=IMAGE_FORMATS)
+    except UnidentifiedImageError:
+        found = _format_of(source)
+        if found is None:
+            raise
+        raise RowError(
+            where,
+            "unsupported image format",
+            f"image {_describe(value)} is a {found} file; images are read only as {', '.join(IMAGE_FORMATS)}",
+            "convert it to PNG or JPEG",
+        ) from None
+
+
+def _format_of(source: Path | io.BytesIO) -> str | None:
+    """The name of the Pillow format whose signature the file starts with (its plugin's check of the first 16
+    bytes, as ``Image.open`` does), or None."""
+    if isinstance(source, io.BytesIO):
+        prefix = source.getvalue()[:16]
+    else:
+        with open(source, "rb") as file:
+            prefix = file.read(16)
+    Image.init()
+    for name in Image.ID:
+        accept = Image.OPEN[name][1]
+        if name in IMAGE_FORMATS or accept is None:
+            continue
+        try:
+            if accept(prefix):
+                return name
+        except Exception:  # some signature checks fail on short files instead of answering no
+            continue
+    return None
+
+
 def _open_image(value: Any, base_dir: Path | None, where: str) -> Image.Image:
-    """Open one image value lazily (header only); RowError for a wrong type or a missing file."""
+    """Open one image value lazily (header only) as one of :data:`IMAGE_FORMATS`; RowError for a wrong type, a
+    missing file or another format. PIL images are taken as they are."""
     if isinstance(value, Image.Image):
         return value
     if isinstance(value, (bytes, bytearray, memoryview)):
-        return Image.open(io.BytesIO(bytes(value)))
+        return _open_as_allowed_format(io.BytesIO(bytes(value)), value, where)
     if isinstance(value, Mapping):
         if value.get("bytes") is not None:
             return _open_image(value["bytes"], base_dir, where)
@@ -164,7 +220,7 @@ def _open_image(value: Any, base_dir: Path | None, where: str) -> Image.Image:
         if not path.is_file():
             problem = "is a folder, not a file" if path.is_dir() else "does not exist"
             raise RowError(where, "image not found", f"cannot read image {value!r}: {path} {problem}", _PATH_FIX)
-        return Image.open(path)
+        return _open_as_allowed_format(path, value, where)
     raise RowError(
         where,
         "bad image value",
@@ -288,31 +344,67 @@ def _video_source(value: Any, base_dir: Path | None, where: str) -> list[Any] | 
     return frames
 
 
-def load_video(value: Any, base_dir: Path | None, where: str, fps: float) -> list[Image.Image]:
-    """Frames of a video as RGB images: a list of frame images, a directory of frames, or a video file.
+def video_bounds(bounds: VisionBounds, max_pixels: int | None) -> VisionBounds:
+    """The size bounds of video frames: the image bounds with the largest area lowered to ``max_pixels``
+    (data.video_max_pixels; null: qwen-vl-utils' default of 768 vision tokens a frame, never below min_pixels)."""
+    if max_pixels is None:
+        cap = max(DEFAULT_FRAME_TOKENS * bounds.factor * bounds.factor, bounds.min_pixels)
+    elif max_pixels < bounds.min_pixels:
+        raise DataError(
+            f"data.video_max_pixels={max_pixels} is smaller than the smallest frame area of {bounds.min_pixels} "
+            "pixels (data.min_pixels, or the image processor's minimum); raise video_max_pixels or lower min_pixels"
+        )
+    else:
+        cap = max_pixels
+    return VisionBounds(factor=bounds.factor, min_pixels=bounds.min_pixels, max_pixels=min(bounds.max_pixels, cap))
 
-    Video files are decoded at ``fps`` frames per second with PyAV (a dependency of qwen-vl-utils), or with
-    qwen-vl-utils' own readers when PyAV is missing.
-    """
-    source = _video_source(value, base_dir, where)
-    if isinstance(source, Path):
-        return _decode_video_file(source, where, fps)
-    return [load_image(frame, base_dir, where) for frame in source]
+
+@dataclass(frozen=True)
+class VideoShape:
+    """A video as the processor gets it: ``frames`` frames of ``height`` x ``width``, ``fps`` frames a second (the
+    rate recorded in its metadata)."""
+
+    frames: int
+    height: int
+    width: int
+    fps: float
+
+
+@dataclass(frozen=True)
+class SampledVideo:
+    """A video's kept frames, RGB at their target size, and the rate they were kept at."""
+
+    frames: list[Image.Image]
+    fps: float
 
 
 def video_shape(
-    value: Any, base_dir: Path | None, where: str, fps: float, bounds: VisionBounds
-) -> tuple[int, int, int]:
-    """(frames, height, width) of a video as the dataset hands it to the processor: frames resized to
-    :func:`target_size`. Frame lists and folders are measured from image headers (each frame's file integrity
-    checked like an image's); video files are decoded, which is the only way to count their sampled frames.
-    RowError when the frames cannot be read or do not share one size.
+    value: Any, base_dir: Path | None, where: str, limits: VideoLimits, bounds: VisionBounds
+) -> VideoShape:
+    """The :class:`VideoShape` of a video as the dataset hands it to the processor: frames resized to
+    :func:`target_size` within ``bounds`` (see :func:`video_bounds`), sampled as ``limits`` say.
+
+    Frame lists and folders are measured from image headers (each frame's file integrity checked like an
+    image's); video files from their container's metadata and first frame (:func:`read_video_info`), in about a
+    millisecond whatever their length. RowError when the frames cannot be read, differ in size, or break a cap of
+    ``limits``: a file longer than ``max_duration``, a list of more than ``max_frames`` frames (a file's frames are
+    thinned to ``max_frames`` instead, as its frame rate allows).
     """
     source = _video_source(value, base_dir, where)
     if isinstance(source, Path):
-        frames = _decode_video_file(source, where, fps)
-        check_aspect_ratio(frames[0].height, frames[0].width, f"video {_describe(value)}", where)
-        return (len(frames), *target_size(frames[0].height, frames[0].width, bounds))
+        info = _video_info(source, where)
+        check_aspect_ratio(info.height, info.width, f"video {_describe(value)}", where)
+        if limits.max_duration is not None and info.duration > limits.max_duration:
+            raise RowError(
+                where,
+                "video too long",
+                f"video {source} lasts {info.duration:.1f} s, longer than data.video_max_duration="
+                f"{limits.max_duration:g} s",
+                "cut it into shorter clips or raise data.video_max_duration",
+            )
+        times, fps = video_sampling(info.span, limits)
+        return VideoShape(len(times), *target_size(info.height, info.width, bounds), fps)
+    _check_frame_count(len(source), value, where, limits)
     sizes = [image_size(frame, base_dir, where, verify=True) for frame in source]
     targets = {target_size(height, width, bounds) for height, width in sizes}
     if len(targets) > 1:
@@ -323,66 +415,56 @@ def video_shape(
             f"the frames of video {_describe(value)} have different sizes ({shown})",
             "give all frames of a video the same size",
         )
-    return (len(source), *targets.pop())
+    return VideoShape(len(source), *targets.pop(), limits.fps)
 
 
-def _decode_video_file(path: Path, where: str, fps: float) -> list[Image.Image]:
-    try:
-        frames = _decode_with_pyav(path, fps)
-    except ImportError:
-        frames = _decode_with_qwen_vl_utils(path, where, fps)
-    except Exception as error:  # container and codec errors come in many library-specific types
+def load_video(
+    value: Any, base_dir: Path | None, where: str, limits: VideoLimits, bounds: VisionBounds
+) -> SampledVideo:
+    """The frames of a video (a list of frame images, a folder of frames, or a video file) as RGB images at their
+    :func:`target_size` within ``bounds``: as many and as large as :func:`video_shape` measured.
+
+    A video file's frames are the decoded frames nearest the sampled times, each converted and resized as it is
+    decoded (:func:`~easyr1.data.video_file.decode_frames`); frame images are resized one by one as they load.
+    """
+    source = _video_source(value, base_dir, where)
+    if isinstance(source, Path):
+        info = _video_info(source, where)
+        times, fps = video_sampling(info.span, limits)
+        try:
+            frames = decode_frames(source, info, times, target_size(info.height, info.width, bounds))
+        except Exception as error:  # container and codec errors come in many library-specific types
+            raise _unreadable_video(source, where, error) from error
+        return SampledVideo(frames, fps)
+    return SampledVideo([resize_image(load_image(frame, base_dir, where), bounds) for frame in source], limits.fps)
+
+
+def _check_frame_count(count: int, value: Any, where: str, limits: VideoLimits) -> None:
+    if count > limits.max_frames:
         raise RowError(
-            where, "unreadable video", f"cannot decode video {path}: {error}", "replace it with a valid video"
-        ) from error
-    if not frames:
-        raise RowError(where, "video without frames", f"video {path} has no frames", "replace or remove it")
-    return frames
+            where,
+            "too many video frames",
+            f"video {_describe(value)} has {count} frames, more than data.video_max_frames={limits.max_frames}",
+            "give fewer frames (a list or folder of frames is used as it is) or raise data.video_max_frames",
+        )
 
 
-def sample_times(duration: float, fps: float) -> list[float]:
-    """Times (seconds) of the frames kept from a ``duration``-second video at ``fps``: an even count (Qwen-VL
-    groups frames in pairs), at least two."""
-    count = max(2, int(duration * fps) + 1)
-    count += count % 2
-    return [min(index / fps, duration) for index in range(count)]
-
-
-def _decode_with_pyav(path: Path, fps: float) -> list[Image.Image]:
-    """Frames at ``fps`` via PyAV (each kept time takes the nearest decoded frame)."""
-    import av
-
-    with av.open(str(path)) as container:
-        stream = container.streams.video[0]
-        decoded = [(frame.time, frame.to_image()) for frame in container.decode(stream)]
-    if not decoded:
-        return []
-    rate = float(stream.average_rate or fps)
-    times = [time if time is not None else index / rate for index, (time, _) in enumerate(decoded)]
-    start = times[0]
-    picks = [
-        min(range(len(times)), key=lambda i: abs(times[i] - start - target))
-        for target in sample_times(times[-1] - start, fps)
-    ]
-    return [decoded[index][1].convert("RGB") for index in picks]
-
-
-def _decode_with_qwen_vl_utils(path: Path, where: str, fps: float) -> list[Image.Image]:
-    """Frames via qwen-vl-utils (needs torchvision's video reader, decord or torchcodec)."""
+def _video_info(path: Path, where: str) -> VideoFileInfo:
     try:
-        from qwen_vl_utils import fetch_video
-
-        frames = fetch_video({"video": str(path), "fps": fps})
-    except Exception as error:  # decoders fail in many library-specific ways; report them all the same way
+        return read_video_info(path)
+    except ImportError as error:
         raise RowError(
             where,
             "unreadable video",
-            f"cannot decode video {path}: {error}",
+            f"cannot decode video {path}: PyAV is not installed",
             "install PyAV (pip install av) or give the video as a folder or list of frame images",
         ) from error
-    # qwen-vl-utils returns a (T, C, H, W) tensor of 0-255 values
-    array = np.asarray(frames.permute(0, 2, 3, 1).float().clamp(0, 255).round().byte())
-    return [Image.fromarray(frame) for frame in array]
+    except Exception as error:  # container and codec errors come in many library-specific types
+        raise _unreadable_video(path, where, error) from error
+
+
+def _unreadable_video(path: Path, where: str, error: BaseException) -> RowError:
+    return RowError(where, "unreadable video", f"cannot decode video {path}: {error}", "replace it with a valid video")
 
 
 def frames_to_array(frames: Sequence[Image.Image]) -> np.ndarray:
