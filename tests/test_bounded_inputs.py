@@ -33,6 +33,7 @@ from easyr1.data.vision import (
     video_shape,
 )
 from easyr1.errors import DataError
+from easyr1.models.loading import load_tokenizer_and_processor
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -141,6 +142,18 @@ def test_sampled_frames_equal_the_whole_decode_resized(tmp_path, codec, fps, see
         assert np.array_equal(np.asarray(frame), reference), f"frame {index} differs"
 
 
+def test_the_span_from_packet_timestamps_equals_the_metadata_span(tmp_path):
+    """Containers that record neither frame count nor duration (live-recorded WebM) are measured from packets."""
+    import av
+
+    path = tmp_path / "clip.mkv"
+    write_noise_clip(path, "libx264")
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        span, count = video_file._packet_span(container, stream, float(stream.time_base))
+    assert count == 30 and span == pytest.approx(read_video_info(path).span) and span == pytest.approx(2.9)
+
+
 def test_frames_over_the_cap_are_thinned_evenly_and_their_rate_recorded():
     times, fps = video_file.video_sampling(595.0, VideoLimits(fps=2.0, max_frames=9))
     assert len(times) == 8 and times[0] == 0.0 and times[-1] == 595.0  # made even, first to last frame
@@ -202,26 +215,30 @@ def test_a_ten_minute_1080p_video_is_measured_and_loaded_in_seconds_with_bounded
     assert measured["load_s"] < 30 and measured["load_mib"] < 100 < whole_video_mib
 
 
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
 def test_long_videos_are_accepted_thinned_or_refused_by_duration_in_the_dataset_check(
-    tmp_path, processor, ten_minute_video
+    tmp_path, tiny_model_dir, ten_minute_video, family
 ):
+    tokenizer, processor = load_tokenizer_and_processor(str(tiny_model_dir(family)))
     rows = write_rows(
         tmp_path / "v.jsonl", [{"problem": "<video>What colour?", "answer": "red", "videos": [str(ten_minute_video)]}]
     )
-    options = {"prompt_key": "problem", "max_prompt_length": 128, "min_pixels": 3136, "max_pixels": 12544}
+    options = {"prompt_key": "problem", "max_prompt_length": 192, "min_pixels": 3136, "max_pixels": 12544}
     start = time.perf_counter()
     with pytest.raises(DataError, match=r"v\.jsonl line 1: video .*ten_minutes\.mp4 lasts 600\.0 s, longer than "
                        r"data\.video_max_duration=300 s; cut it") as caught:  # fmt: skip
-        RLDataset(str(rows), processor.tokenizer, processor, video_max_duration=300, **options)
+        RLDataset(str(rows), tokenizer, processor, video_max_duration=300, **options)
     assert caught.value.reason == "video too long" and time.perf_counter() - start < 10
 
-    dataset = RLDataset(str(rows), processor.tokenizer, processor, video_max_frames=8, **options)
+    dataset = RLDataset(str(rows), tokenizer, processor, video_max_frames=8, **options)
     item = dataset[0]
     video = item["multi_modal_data"]["videos"][0]
-    assert video.shape == (8, 84, 140, 3)  # 8 frames thinned from 1191, 1920x1080 within 12544 pixels
+    # 8 frames thinned from 1191, each 1920x1080 resized within 12544 pixels
+    assert video.shape == (8, *target_size(*FULL_HD, dataset.video_bounds), 3)
     metadata = item["multi_modal_data"]["video_metadata"][0]
     assert metadata["fps"] == pytest.approx(7 / 595) and metadata["total_num_frames"] == 8
-    # the length measured from metadata is the length of the prompt the processor built
+    # the length measured from metadata is the length of the prompt the processor built (Qwen3-VL's timestamps
+    # follow the lowered fps)
     assert dataset.prompt_lengths[0] == int(item["attention_mask"].sum())
 
 
