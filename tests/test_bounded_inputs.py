@@ -279,11 +279,11 @@ def test_an_eps_image_is_a_row_error_and_ghostscript_never_runs(tmp_path, proces
     (tmp_path / "figure.eps").write_bytes(EPS)
     rows = write_rows(tmp_path / "rows.jsonl", [{"problem": "<image>What is it?", "answer": "a line",
                                                  "images": ["figure.eps"]}])  # fmt: skip
-    with pytest.raises(DataError, match=r"rows\.jsonl line 1: image 'figure\.eps' is a EPS file; images are read "
+    with pytest.raises(DataError, match=r"rows\.jsonl line 1: image 'figure\.eps' is in EPS format; images are read "
                        r"only as PNG, JPEG, WEBP, GIF, BMP, TIFF; convert it to PNG or JPEG") as caught:  # fmt: skip
         RLDataset(str(rows), processor.tokenizer, processor, prompt_key="problem")
     assert caught.value.reason == "unsupported image format"
-    with pytest.raises(RowError, match="is a EPS file"):
+    with pytest.raises(RowError, match="is in EPS format"):
         load_image({"bytes": EPS}, None, "rows.jsonl line 2")
     assert not ran.exists()
 

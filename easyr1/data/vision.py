@@ -171,7 +171,7 @@ def _open_as_allowed_format(source: Path | io.BytesIO, value: Any, where: str) -
         raise RowError(
             where,
             "unsupported image format",
-            f"image {_describe(value)} is a {found} file; images are read only as {', '.join(IMAGE_FORMATS)}",
+            f"image {_describe(value)} is in {found} format; images are read only as {', '.join(IMAGE_FORMATS)}",
             "convert it to PNG or JPEG",
         ) from None
 
