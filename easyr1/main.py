@@ -9,10 +9,14 @@ resume from, and how.
 
 from __future__ import annotations
 
+import logging
 import os
+import secrets
 import shlex
 import sys
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +43,58 @@ def local_cluster_settings(timeline: bool = False) -> dict[str, object]:
     return settings
 
 
+# The address a cluster init_ray starts gives its node: Ray then binds every server of the node to it.
+LOOPBACK = "127.0.0.1"
+# Ray's notice that it turned token authentication on, which tells how to turn it off: here it is always on
+_RAY_AUTH_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+@contextmanager
+def closed_local_cluster() -> Iterator[None]:
+    """Around a ``ray.init`` that starts a cluster of this machine alone (``tests/helpers.start_ray`` too).
+
+    The cluster's only client is this process, so nothing of it needs to be reachable from elsewhere:
+
+    - its node's address is 127.0.0.1, and Ray 2.60 then binds every server of the node to loopback: GCS, the
+      raylet and its object manager, the core-worker server of the driver and of each worker, the runtime-env agent
+      (with an address reachable from the network, all but the last listen on every interface);
+    - Ray's token authentication stays on (Ray's default for a new cluster; an exported ``RAY_AUTH_MODE=disabled``
+      is overridden), so even on loopback a call without the token is refused. The token is made for this process
+      and kept in its environment (``RAY_AUTH_TOKEN``), which Ray's processes inherit, unless one is exported
+      (``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``); nothing is written to ``~/.ray``.
+
+    docs/security.md lists what listens and where.
+    """
+    from ray._private import ray_constants
+
+    if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+        # Ray turns token mode on for a new local cluster when the variable is unset, and re-reads its own config
+        # as it does so; a mode set in the environment is read once, when Ray is imported
+        os.environ.pop("RAY_AUTH_MODE", None)
+    if not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
+        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)  # 256 bits, as Ray's own generator makes them
+    notice = logging.getLogger(_RAY_AUTH_NOTICE_LOGGER)
+    notice_level = notice.level
+    notice.setLevel(logging.ERROR)
+    # Ray gives a node loopback as its address only where it runs without clusters (ray_constants says where: macOS
+    # and Windows by default); elsewhere ray.init replaces 127.0.0.1 with the machine's routable address
+    clusters = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = clusters
+        notice.setLevel(notice_level)
+    import ray
+
+    if ray.is_initialized() and ray.util.get_node_ip_address() != LOOPBACK:
+        print(
+            f"easyr1: notice: the local Ray cluster's node address is {ray.util.get_node_ip_address()}, not "
+            f"{LOOPBACK}: its servers listen on every interface (each asks for the cluster's token)",
+            file=sys.stderr,
+        )
+
+
 def worker_environment() -> dict[str, str]:
     """The environment the workers run in: quiet libraries (an exported value wins)."""
     return {
@@ -53,7 +109,8 @@ def worker_environment() -> dict[str, str]:
 
 
 def init_ray(num_workers: int, nnodes: int = 1, timeline: bool = False) -> None:
-    """Start (or join, when ``RAY_ADDRESS`` is set) a Ray cluster with quiet, CPU-friendly settings.
+    """Start (or join, when ``RAY_ADDRESS`` is set) a Ray cluster with quiet, CPU-friendly settings; a cluster it
+    starts listens on loopback only and asks for a token (:func:`closed_local_cluster`).
 
     Several nodes need a cluster started beforehand (``ray start``, docs/multinode.md): without ``RAY_ADDRESS``
     this is a :class:`ConfigError`, before Ray starts a one-node cluster that could never hold the workers.
@@ -70,24 +127,25 @@ def init_ray(num_workers: int, nnodes: int = 1, timeline: bool = False) -> None:
             "the first node and `ray start --address=HEAD:6379` on the others, then run with RAY_ADDRESS=HEAD:6379 "
             "(docs/multinode.md); or set trainer.nnodes=1"
         )
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # Ray 2.60 would otherwise create and demand a token
-    env_vars = {"RAY_AUTH_MODE": "disabled", **worker_environment()}
+    env_vars = worker_environment()
     if os.environ.get("RAY_ADDRESS"):
-        # the cluster's nodes bring their own resources; only the workers' environment is passed along
+        # the cluster's nodes bring their own resources (and its authentication: the driver's RAY_AUTH_MODE and
+        # token must match the cluster's, docs/multinode.md); only the workers' environment is passed along
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env_vars}, logging_level="WARNING")
         return
     import torch
 
     on_gpu = torch.cuda.is_available()
-    ray.init(
-        # Logical CPUs: one per worker plus one for the reward actor, even on a 2-core machine.
-        num_cpus=max(os.cpu_count() or 1, num_workers + 1),
-        object_store_memory=None if on_gpu else 512 * 1024**2,
-        include_dashboard=False,
-        runtime_env={"env_vars": env_vars},
-        logging_level="WARNING",
-        _system_config=local_cluster_settings(timeline),
-    )
+    with closed_local_cluster():
+        ray.init(
+            # Logical CPUs: one per worker plus one for the reward actor, even on a 2-core machine.
+            num_cpus=max(os.cpu_count() or 1, num_workers + 1),
+            object_store_memory=None if on_gpu else 512 * 1024**2,
+            include_dashboard=False,
+            runtime_env={"env_vars": env_vars},
+            logging_level="WARNING",
+            _system_config=local_cluster_settings(timeline),
+        )
 
 
 def read_model_config(model: Any) -> dict:

@@ -104,6 +104,8 @@ RANK_ENVIRONMENT = (
     "MASTER_ADDR",
     "MASTER_PORT",
     "OMP_NUM_THREADS",
+    "GLOO_SOCKET_IFNAME",  # one node: the group's sockets on loopback (worker.bind_to_loopback)
+    "NCCL_SOCKET_IFNAME",
 )
 
 

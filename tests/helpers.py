@@ -30,33 +30,35 @@ _started: tuple[int, int] | None = None
 
 def start_ray(num_cpus: int = 6, num_gpus: int = 0) -> None:
     """A small local Ray cluster for the tests (logical CPUs for 4 workers and a reward actor; a small object store; no
-    dashboard; no auth token), started once per session: a module that needs Ray calls this, and gets the cluster
-    already running unless it asks for other resources (or the last one was shut down)."""
+    dashboard), closed as the CLI's is (loopback only, token required: ``easyr1.main.closed_local_cluster``), started
+    once per session: a module that needs Ray calls this, and gets the cluster already running unless it asks for
+    other resources (or the last one was shut down)."""
     import ray
 
+    from easyr1.main import closed_local_cluster
+
     global _started
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if ray.is_initialized() and _started == (num_cpus, num_gpus):
         return
     if ray.is_initialized():
         # another shape, or a cluster the CLI started, which lacks the tests' import path
         ray.shutdown()
     _started = (num_cpus, num_gpus)
-    ray.init(
-        num_cpus=num_cpus,
-        **({"num_gpus": num_gpus} if num_gpus else {}),  # a GPU count claimed for placement tests
-        object_store_memory=256 * 1024**2,
-        include_dashboard=False,
-        logging_level="WARNING",
-        # test modules define worker classes; the workers import them (and this checkout's easyr1) from here
-        runtime_env={
-            "env_vars": {
-                "RAY_AUTH_MODE": "disabled",
-                "OMP_NUM_THREADS": "1",
-                "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
-            }
-        },
-    )
+    with closed_local_cluster():
+        ray.init(
+            num_cpus=num_cpus,
+            **({"num_gpus": num_gpus} if num_gpus else {}),  # a GPU count claimed for placement tests
+            object_store_memory=256 * 1024**2,
+            include_dashboard=False,
+            logging_level="WARNING",
+            # test modules define worker classes; the workers import them (and this checkout's easyr1) from here
+            runtime_env={
+                "env_vars": {
+                    "OMP_NUM_THREADS": "1",
+                    "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
+                }
+            },
+        )
 
 
 # The CLI's arguments for a run in this process, without Ray (one worker): for runs whose point is neither Ray nor two

@@ -1,7 +1,8 @@
 """Base class of every Ray worker: one rank of a torch process group.
 
 A worker learns its rank, the world size and the rendezvous address from the :class:`WorkerGroup`
-and joins the process group (gloo on CPU; on GPU nccl for device tensors plus gloo for host tensors).
+and joins the process group (gloo on CPU; on GPU nccl for device tensors plus gloo for host tensors). When every
+rank is on one node the group's sockets listen on loopback only (:func:`rendezvous_store`, :func:`bind_to_loopback`).
 Subclasses add the actual work. Nothing here imports Ray at module level, so a worker can also be driven
 in-process without it (:class:`~easyr1.distributed.local_group.LocalWorkerGroup`).
 
@@ -10,11 +11,13 @@ a reader and an IDE follow the call into the worker, and :func:`method_name` ref
 worker class's own methods before a call is made.
 """
 
+import ipaddress
 import logging
 import os
 import socket
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,6 +47,76 @@ def pick_backend(device: str = "auto") -> str:
 def uses_cuda(backend: str) -> bool:
     """Whether a backend string (``gloo``, ``nccl``, ``cpu:gloo,cuda:nccl``) puts collectives on CUDA devices."""
     return "nccl" in backend
+
+
+# What a one-node group's collectives listen on: gloo's connections (and vLLM's gloo groups), NCCL's bootstrap and
+# socket transport. An exported value wins (docs/multinode.md tells multi-node users to set these).
+SOCKET_INTERFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+IFF_LOOPBACK = 0x8  # linux/if.h: the interface flag /sys/class/net/<name>/flags carries for a loopback interface
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``address`` (an IP address or ``localhost``) names this machine's loopback."""
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def loopback_interface() -> str:
+    """The name of this machine's loopback network interface (``lo`` on Linux)."""
+    interfaces = Path("/sys/class/net")
+    for name in sorted(os.listdir(interfaces)) if interfaces.is_dir() else []:
+        try:
+            flags = int((interfaces / name / "flags").read_text().strip(), 16)
+        except (OSError, ValueError):
+            continue
+        if flags & IFF_LOOPBACK:
+            return name
+    return "lo"
+
+
+def bind_to_loopback() -> None:
+    """Make gloo's and NCCL's sockets in this process listen on the loopback interface (one node: every peer is
+    here), unless the interface was chosen by an exported ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME``."""
+    interface = loopback_interface()
+    for variable in SOCKET_INTERFACE_VARIABLES:
+        os.environ.setdefault(variable, interface)
+
+
+def rendezvous_store(
+    rank: int, world_size: int, master_addr: str, master_port: int, timeout: timedelta
+) -> dist.TCPStore:
+    """The group's TCP store (torch's rendezvous), served by rank 0 at ``master_addr:master_port``.
+
+    torch's own ``tcp://`` rendezvous makes rank 0's store listen on every interface whatever ``MASTER_ADDR`` is;
+    with a loopback ``master_addr`` (one node) rank 0 binds the listening socket to it itself and hands it to the
+    store (``master_listen_fd``), so the store cannot be reached from another machine.
+    """
+    if rank != 0:
+        return dist.TCPStore(master_addr, master_port, world_size, is_master=False, timeout=timeout)
+    if not is_loopback(master_addr):
+        return dist.TCPStore(master_addr, master_port, world_size, is_master=True, timeout=timeout)
+    listener = socket.socket(socket.AF_INET6 if ":" in master_addr else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((master_addr, master_port))
+        listener.listen(world_size + 16)
+    except OSError:
+        listener.close()
+        raise
+    # the store owns the socket from here on (it closes it when it is destroyed)
+    return dist.TCPStore(
+        master_addr,
+        master_port,
+        world_size,
+        is_master=True,
+        timeout=timeout,
+        wait_for_workers=False,
+        master_listen_fd=listener.detach(),
+    )
 
 
 def method_name(worker_cls: type, method: Callable[..., Any]) -> str:
@@ -99,12 +172,15 @@ class Worker:
         backend = backend or pick_backend()
         if uses_cuda(backend):
             torch.cuda.set_device(0)
+        if is_loopback(master_addr):
+            bind_to_loopback()
+        timeout = timedelta(minutes=30)
         dist.init_process_group(
             backend=backend,
-            init_method=f"tcp://{master_addr}:{master_port}",
+            store=rendezvous_store(rank, world_size, master_addr, master_port, timeout),
             rank=rank,
             world_size=world_size,
-            timeout=timedelta(minutes=30),
+            timeout=timeout,
         )
 
     def close(self) -> None:
