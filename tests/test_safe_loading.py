@@ -1,6 +1,7 @@
-"""A checkpoint's ``.pt`` state files are read as plain data: a crafted pickle placed as ``trainer_state.pt`` or
-``extra_state_rank_0.pt`` is refused before it runs, naming the file; what easyr1 writes (and wrote before its RNG
-state became plain values) still loads and restores every generator exactly."""
+"""A checkpoint's ``.pt`` state files are read as plain data and its DCP ``.metadata`` checked before torch unpickles
+it: a crafted pickle placed as ``trainer_state.pt``, ``extra_state_rank_0.pt`` or ``.metadata`` is refused before it
+runs, naming the file; what easyr1 writes (and wrote before its RNG state became plain values) still loads and
+restores every generator exactly."""
 
 from __future__ import annotations
 
@@ -88,6 +89,23 @@ def test_crafted_extra_state_in_a_real_checkpoint_is_refused(process_group, tiny
     with pytest.raises(CheckpointError, match="refused to load") as caught:
         load_component(step / "actor", model, optimizer, None)
     assert str(extra) in str(caught.value)
+    assert not marker.exists()
+
+
+def test_crafted_dcp_metadata_is_refused_before_torch_reads_it(process_group, tiny_qwen2_5_vl_dir, tmp_path):
+    """torch reads a DCP directory's .metadata with a plain pickle.load; easyr1 checks it first, both when choosing
+    the checkpoint to resume and when loading it."""
+    step = sharded_checkpoint(tiny_qwen2_5_vl_dir, tmp_path / "run")
+    marker, metadata = tmp_path / "marker", step / "actor" / "optimizer" / ".metadata"
+    metadata.write_bytes(pickle.dumps(CreatesMarker(marker)))
+    with pytest.raises(CheckpointError, match="refused to load") as caught:
+        CheckpointDirectory(tmp_path / "run").resume_path(None, find_last_checkpoint=True)
+    assert str(metadata) in str(caught.value)
+    model = load_model(str(tiny_qwen2_5_vl_dir), torch.float32)
+    shard_model(model, data_parallel_mesh("cpu"))
+    with pytest.raises(CheckpointError, match="refused to load") as caught:
+        load_component(step / "actor", model, torch.optim.AdamW(model.parameters(), lr=1e-2), None)
+    assert str(metadata) in str(caught.value)
     assert not marker.exists()
 
 

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from easyr1.checkpoint.dcp_metadata import check_dcp_metadata
 from easyr1.errors import CheckpointError, UserError
 
 
@@ -390,6 +391,7 @@ def dcp_damage(directory: Path) -> str | None:
     metadata_path = directory / ".metadata"
     if not metadata_path.is_file():
         return f"{metadata_path} is missing"
+    check_dcp_metadata(directory)  # a crafted file is refused (an error), before torch's plain pickle.load of it
     try:
         metadata = FileSystemReader(str(directory)).read_metadata()
     except Exception as error:  # a truncated pickle raises any of several types

@@ -18,6 +18,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from easyr1.checkpoint.dcp_metadata import check_dcp_metadata
 from easyr1.checkpoint.manager import PARTIAL_SUFFIX, fsync_tree
 from easyr1.checkpoint.sharded import HF_DIR, MODEL_DIR
 from easyr1.errors import UserError
@@ -83,6 +84,7 @@ def check_weights_fit(
 def load_model_state_dict(component_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
     """The full, unsharded weights of a component, read in this process alone (no process group)."""
     model_dir = Path(component_dir) / MODEL_DIR
+    check_dcp_metadata(model_dir)  # before torch's plain pickle.load of it
     reader = dcp.FileSystemReader(str(model_dir))
     metadata = reader.read_metadata()
     state = {

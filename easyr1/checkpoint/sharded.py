@@ -13,7 +13,8 @@ Files are fsynced before the call returns, so the driver can commit the step dir
 
 The ``.pt`` state files of a checkpoint (these and the driver's ``trainer_state.pt``) are read by
 :func:`load_state_file`: torch's weights-only unpickler, so a file that holds anything but tensors, numbers, strings,
-lists, tuples and dicts is refused before any of it runs.
+lists, tuples and dicts is refused before any of it runs. The DCP directories' ``.metadata`` pickles are checked by
+:func:`~easyr1.checkpoint.dcp_metadata.check_dcp_metadata` before torch reads them.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from easyr1.checkpoint.dcp_metadata import check_dcp_metadata
 from easyr1.errors import CheckpointError, UserError
 
 
@@ -174,6 +176,9 @@ def load_component(
     directory = Path(directory)
     if not (directory / MODEL_DIR / ".metadata").is_file():
         raise UserError(f"{directory}: no model weights ({MODEL_DIR}/.metadata is missing); not an easyr1 checkpoint")
+    # torch reads .metadata with a plain pickle.load: checked first with one that builds nothing else
+    check_dcp_metadata(directory / MODEL_DIR)
+    check_dcp_metadata(directory / OPTIMIZER_DIR)
     model_state = get_model_state_dict(model)
     dcp.load(model_state, checkpoint_id=str(directory / MODEL_DIR))
     set_model_state_dict(model, model_state)
