@@ -1,12 +1,14 @@
-"""Two Ray nodes on this machine, joined as on a real cluster (``ray start --head``, then ``ray start --address``),
-and a 2-step CLI run with ``trainer.nnodes=2``: one worker per node, ranks ordered by node, rendezvous on rank 0's
-node address (not loopback), checkpoint shards written by both nodes."""
+"""Two Ray nodes on this machine, joined as on a real cluster (``ray start --head``, then ``ray start --address``,
+with Ray's token authentication as docs/multinode.md sets it up), and a 2-step CLI run with ``trainer.nnodes=2``: one
+worker per node, ranks ordered by node, rendezvous on rank 0's node address (not loopback), checkpoint shards written
+by both nodes."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -78,19 +80,21 @@ def alive_node_ids(address: str, env: dict[str, str], count: int, timeout: float
 
 
 @contextmanager
-def two_node_cluster(log_dir: Path) -> Iterator[tuple[str, list[str]]]:
-    """``(address, node ids)`` of a head node plus one joined node, each with its own CPUs; the output of the two
-    ``ray start`` commands goes to ``log_dir``."""
+def two_node_cluster(log_dir: Path, token: str) -> Iterator[tuple[str, list[str]]]:
+    """``(address, node ids)`` of a head node plus one joined node, each with its own CPUs, asking for ``token``;
+    the output of the two ``ray start`` commands goes to ``log_dir``."""
     # A private temp dir keeps this cluster out of /tmp/ray/ray_current_cluster, where a plain ray.init() in
     # another process would find it and join it; short, since Ray's socket paths must fit in 107 characters.
     temp_dir = tempfile.mkdtemp(prefix="r2n", dir="/tmp")
     env = {
         **os.environ,
-        "RAY_AUTH_MODE": "disabled",
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": token,
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": str(REPO),  # the nodes' workers import this checkout's easyr1
     }
     env.pop("RAY_ADDRESS", None)
+    env.pop("RAY_AUTH_TOKEN_PATH", None)
     common = [
         "--block",
         f"--num-cpus={CPUS_PER_NODE}",
@@ -137,8 +141,13 @@ def two_node_cluster(log_dir: Path) -> Iterator[tuple[str, list[str]]]:
 
 def test_two_node_run(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
-    with two_node_cluster(tmp_path) as (address, node_ids):
+    token = secrets.token_hex(32)
+    with two_node_cluster(tmp_path, token) as (address, node_ids):
         monkeypatch.setenv("RAY_ADDRESS", address)
+        # the driver joins with the cluster's token (docs/multinode.md: the same token on every node and the driver's)
+        monkeypatch.setenv("RAY_AUTH_MODE", "token")
+        monkeypatch.setenv("RAY_AUTH_TOKEN", token)
+        monkeypatch.delenv("RAY_AUTH_TOKEN_PATH", raising=False)
         start = time.monotonic()
         result = run_cli(
             [
