@@ -6,14 +6,16 @@ its moment, kills the group with SIGKILL, runs the same command again to the end
 metrics (timings, throughput and memory left out) equal those of an uninterrupted run of the same config, that no
 partial step is left and that the run's checkpoints are the uninterrupted run's.
 
-Moments are chosen by watching the job, not by sleeps alone. The case draws a step and a delay (seeded); once the
-step is under way (the previous step's line in ``metrics.jsonl``) and the delay has passed, the driver's Python stack
-is read every few milliseconds (``faulthandler`` on SIGUSR1, registered by the launcher below; the job's own code
-is unchanged) and the kill comes at the first reading inside the case's phase: ``collect`` (generation and scoring),
-``_update`` (the policy update), ``validate``, or ``save_checkpoint`` (for those, ``global_step_N.partial`` must be on
-disk too). The stack at the kill is kept, so each case reports where the driver really was.
+Moments are chosen by watching the job, not by sleeps alone. The case draws a step, a phase and a fraction
+(seeded). Once the step is under way (the previous step's line in ``metrics.jsonl``), the driver's Python stack is
+read every few milliseconds (``faulthandler`` on SIGUSR1, registered by the launcher below; the job's own code is
+unchanged) until it is inside the phase: ``collect`` (generation and scoring), ``_update`` (the policy update),
+``validate``, or ``save_checkpoint`` (with ``global_step_N.partial`` on disk). The bench then waits the fraction of
+that phase's duration in the uninterrupted run and kills at the next reading still inside the phase (if the phase
+ended meanwhile, the same phase of a later step). The stack at the kill is kept, so each case reports where the
+driver really was.
 
-    PYTHONPATH=$PWD .venv/bin/python bench/faults_kill_sweep.py [--seed 0] [--only 3]
+    PYTHONPATH=$PWD .venv/bin/python bench/faults_kill_sweep.py [--seed 0] [--cases validation,update-1]
 """
 
 from __future__ import annotations
@@ -36,12 +38,18 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 STEPS, AGENT_STEPS = 12, 6
 SAVE_FREQ, VAL_FREQ = 2, 4
-# the driver's function that marks each phase in its stack (trainer.py, stages/)
+# the driver's function that marks each phase in its stack (trainer.py, stages/), and the phase's timing metric
 PHASE_FRAMES = {
     "checkpoint": "save_checkpoint",
     "validation": "validate",
     "update": "_update",
     "generation": "collect",
+}
+PHASE_TIMINGS = {
+    "checkpoint": "timing/save_checkpoint",
+    "validation": "timing/validate",
+    "update": "timing/update",
+    "generation": "timing/gen",
 }
 LAUNCHER = (
     "import faulthandler, runpy, signal, sys\n"
@@ -53,14 +61,16 @@ LAUNCHER = (
 
 @dataclass
 class Case:
-    """One kill: which config, the phase aimed at, the step it is aimed into, and the delay after that step began."""
+    """One kill: which config, the phase aimed at, the step it is aimed into, and how far into the phase (a fraction
+    of the phase's duration in the uninterrupted run)."""
 
     name: str
     agent: bool
     phase: str
     step: int
-    delay: float
+    fraction: float
     # filled by the run
+    delay: float | None = None
     killed_after_s: float | None = None
     killed_in: str | None = None
     stack: list[str] = field(default_factory=list)
@@ -120,8 +130,19 @@ def main_thread_stack(dump: str) -> list[str]:
     for block in reversed(blocks):
         frames = re.findall(r'File "([^"]+)", line (\d+) in (\S+)', block)
         if any(path.endswith("easyr1/main.py") for path, _, _ in frames):
-            return [f"{Path(path).name}:{line} {function}" for path, line, function in frames]
+            return [f"{short_path(path)}:{line} {function}" for path, line, function in frames]
     return []
+
+
+def short_path(path: str) -> str:
+    """A frame's file: relative to the repository for easyr1's own, its name for a library's."""
+    return str(Path(path).relative_to(REPO)) if path.startswith(f"{REPO}/") else Path(path).name
+
+
+def innermost_own_frame(stack: list[str]) -> str:
+    """The innermost frame in easyr1's own code outside the worker-group plumbing: the call the driver was in."""
+    own = [frame for frame in stack if frame.startswith("easyr1/") and not frame.startswith("easyr1/distributed/")]
+    return own[0] if own else stack[0] if stack else "?"
 
 
 def phase_of(stack: list[str]) -> str:
@@ -134,42 +155,53 @@ def phase_of(stack: list[str]) -> str:
     return "other"
 
 
-def kill_at_moment(case: Case, process: subprocess.Popen, run_dir: Path, stacks: Path, log: Path) -> None:
-    """Wait for the case's step, its delay, then the first stack reading in its phase; kill there."""
+def read_stack(process: subprocess.Popen, stacks: Path) -> list[str]:
+    """The driver's main-thread stack now (it writes it to ``stacks`` on SIGUSR1)."""
+    offset = stacks.stat().st_size if stacks.exists() else 0
+    process.send_signal(signal.SIGUSR1)
+    time.sleep(0.005)
+    with stacks.open() as file:
+        file.seek(offset)
+        return main_thread_stack(file.read())
+
+
+def kill_at_moment(
+    case: Case, process: subprocess.Popen, run_dir: Path, stacks: Path, log: Path, phase_seconds: float
+) -> None:
+    """Wait for the case's step and phase, then ``case.fraction`` of ``phase_seconds``; kill at the next stack
+    reading inside the phase."""
     began = time.perf_counter()
     deadline = time.monotonic() + 900
-    while logged_steps(run_dir) < case.step - 1:
+
+    def check_alive(what: str) -> None:
         if process.poll() is not None:
-            raise RuntimeError(f"{case.name}: the job ended before step {case.step}: {log.read_text()[-3000:]}")
+            raise RuntimeError(f"{case.name}: the job ended before {what}: {log.read_text()[-3000:]}")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{case.name}: step {case.step} never began")
+            raise RuntimeError(f"{case.name}: {what} never came")
+
+    while logged_steps(run_dir) < case.step - 1:
+        check_alive(f"step {case.step}")
         time.sleep(0.01)
-    partial = run_dir / f"global_step_{case.step}.partial"
-    while case.phase == "checkpoint" and not partial.exists():
-        if process.poll() is not None or logged_steps(run_dir) >= case.step or time.monotonic() > deadline:
-            raise RuntimeError(f"{case.name}: {partial.name} was never seen")
+
+    def in_phase(stack: list[str]) -> bool:
+        return phase_of(stack) == case.phase and (case.phase != "checkpoint" or any(run_dir.glob("*.partial")))
+
+    while not in_phase(read_stack(process, stacks)):
+        check_alive(f"the {case.phase} of step {case.step}")
         time.sleep(0.002)
+    case.delay = case.fraction * phase_seconds
     time.sleep(case.delay)
     while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"{case.name}: the job ended before its moment: {log.read_text()[-3000:]}")
-        if time.monotonic() > deadline or logged_steps(run_dir) >= case.step:
-            raise RuntimeError(f"{case.name}: step {case.step} ended before its phase ({case.phase}) was seen")
-        offset = stacks.stat().st_size if stacks.exists() else 0
-        process.send_signal(signal.SIGUSR1)
-        time.sleep(0.005)
-        with stacks.open() as file:
-            file.seek(offset)
-            stack = main_thread_stack(file.read())
-        in_phase = phase_of(stack) == case.phase
-        if in_phase and (case.phase != "checkpoint" or partial.exists()):
+        stack = read_stack(process, stacks)
+        if in_phase(stack):
             case.partial_on_disk = sorted(p.name for p in run_dir.glob("*.partial"))
             case.steps_done_at_kill = logged_steps(run_dir)
             kill_hard(process)
             case.killed_after_s = time.perf_counter() - began
-            case.killed_in, case.stack = phase_of(stack), stack[:8]
+            case.killed_in, case.stack = phase_of(stack), stack[:12]
             return
-        time.sleep(0.005)
+        check_alive(f"a {case.phase}")
+        time.sleep(0.002)
 
 
 def deterministic_metrics(run_dir: Path) -> dict[int, dict[str, float]]:
@@ -209,48 +241,56 @@ def plan_cases(seed: int) -> list[Case]:
     """Ten cases: 3 in a checkpoint write, 3 in generation, 2 in the update, 1 in validation, 1 in an agent run."""
     draw = random.Random(seed)
     saves = list(range(SAVE_FREQ, STEPS + 1, SAVE_FREQ))
-    # a checkpoint case's delay counts from the moment its .partial directory appears: a moment inside the write
     cases = [
-        Case(f"checkpoint-{i + 1}", False, "checkpoint", step, draw.uniform(0, 0.2))
+        Case(f"checkpoint-{i + 1}", False, "checkpoint", step, draw.random())
         for i, step in enumerate(sorted(draw.sample(saves, 3)))
     ]
     cases += [
-        Case(f"generation-{i + 1}", False, "generation", step, draw.uniform(0, 0.3))
+        Case(f"generation-{i + 1}", False, "generation", step, draw.random())
         for i, step in enumerate(sorted(draw.sample(range(1, STEPS + 1), 3)))
     ]
     cases += [
-        Case(f"update-{i + 1}", False, "update", step, draw.uniform(0, 0.3))
+        Case(f"update-{i + 1}", False, "update", step, draw.random())
         for i, step in enumerate(sorted(draw.sample(range(1, STEPS + 1), 2)))
     ]
-    cases.append(Case("validation", False, "validation", draw.choice(range(VAL_FREQ, STEPS + 1, VAL_FREQ)), 0.0))
+    validated = range(VAL_FREQ, STEPS + 1, VAL_FREQ)
+    cases.append(Case("validation", False, "validation", draw.choice(validated), draw.random()))
     agent_phase = draw.choice(["generation", "update"])
-    cases.append(Case(f"agent-{agent_phase}", True, agent_phase, draw.randint(1, AGENT_STEPS), draw.uniform(0, 0.3)))
+    cases.append(Case(f"agent-{agent_phase}", True, agent_phase, draw.randint(1, AGENT_STEPS), draw.random()))
     return cases
 
 
-def reference(agent: bool, work: Path) -> tuple[dict[int, dict[str, float]], float]:
-    """The uninterrupted run's metrics, and its wall time."""
+def reference(agent: bool, work: Path) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, float]], float]:
+    """The uninterrupted run's deterministic metrics, its timings per step, and its wall time."""
     run_dir = work / ("reference-agent" if agent else "reference")
     began = time.perf_counter()
     process = start(run_args(agent, run_dir), work / f"{run_dir.name}.log", work / f"{run_dir.name}.stacks")
     if process.wait() != 0:
         raise SystemExit(f"the uninterrupted run failed: {(work / f'{run_dir.name}.log').read_text()[-3000:]}")
-    return deterministic_metrics(run_dir), time.perf_counter() - began
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    timings = {r["step"]: {k: v for k, v in r.items() if k.startswith("timing/")} for r in records}
+    return deterministic_metrics(run_dir), timings, time.perf_counter() - began
 
 
 def main() -> None:
     """Run the references, then every case; print one line per case and write the results as JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seed", type=int, default=0, help="draws the cases' steps and delays")
-    parser.add_argument("--only", type=int, default=None, help="run the first N cases only")
+    parser.add_argument("--seed", type=int, default=0, help="draws the cases' steps, phases and fractions")
+    parser.add_argument("--cases", default=None, help="comma-separated case names to run (default: all ten)")
     args = parser.parse_args()
     subprocess.run([sys.executable, "-m", "easyr1.tools.demo_assets"], cwd=REPO, check=True)
     work = Path(tempfile.mkdtemp(prefix="kill_sweep_"))
-    cases = plan_cases(args.seed)[: args.only]
+    cases = plan_cases(args.seed)
+    if args.cases:
+        wanted = args.cases.split(",")
+        unknown = sorted(set(wanted) - {case.name for case in cases})
+        if unknown:
+            raise SystemExit(f"no such case: {unknown}; the cases are {[case.name for case in cases]}")
+        cases = [case for case in cases if case.name in wanted]
     print(f"work directory: {work}", flush=True)
-    expected, seconds = {}, {}
+    expected, timings, seconds = {}, {}, {}
     for agent in sorted({case.agent for case in cases}):
-        expected[agent], seconds[agent] = reference(agent, work)
+        expected[agent], timings[agent], seconds[agent] = reference(agent, work)
         print(f"uninterrupted {'agent ' if agent else ''}run: {seconds[agent]:.0f} s", flush=True)
     for case in cases:
         run_dir = work / case.name
@@ -258,7 +298,8 @@ def main() -> None:
         stacks = work / f"{case.name}.stacks"
         process = start(args_, work / f"{case.name}.log", stacks)
         try:
-            kill_at_moment(case, process, run_dir, stacks, work / f"{case.name}.log")
+            phase_seconds = timings[case.agent][case.step].get(PHASE_TIMINGS[case.phase], 0.0)
+            kill_at_moment(case, process, run_dir, stacks, work / f"{case.name}.log", phase_seconds)
         except RuntimeError as error:
             kill_hard(process)
             case.result = f"no kill: {error}"[:300]
@@ -281,10 +322,11 @@ def main() -> None:
         else:
             case.result = compare(expected[case.agent], run_dir, AGENT_STEPS if case.agent else STEPS)
         print(
-            f"{case.name}: aimed at {case.phase} of step {case.step} (+{case.delay:.2f} s), killed after "
-            f"{case.killed_after_s:.1f} s in {case.killed_in} ({case.stack[0] if case.stack else '?'}), "
-            f"{case.steps_done_at_kill} steps logged, partial on disk: {case.partial_on_disk or 'none'}; resumed from "
-            f"{case.resumed_from} in {case.resume_s:.0f} s: {case.result}",
+            f"{case.name}: aimed at {case.fraction:.0%} into the {case.phase} of step {case.step} "
+            f"(+{case.delay:.2f} s), killed after {case.killed_after_s:.1f} s in {case.killed_in} "
+            f"({innermost_own_frame(case.stack)}), {case.steps_done_at_kill} steps logged, partial on disk: "
+            f"{case.partial_on_disk or 'none'}; resumed from {case.resumed_from} in {case.resume_s:.0f} s: "
+            f"{case.result}",
             flush=True,
         )
     passed = sum(case.result == "equal" for case in cases)
