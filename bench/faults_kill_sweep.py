@@ -198,7 +198,7 @@ def kill_at_moment(
             case.steps_done_at_kill = logged_steps(run_dir)
             kill_hard(process)
             case.killed_after_s = time.perf_counter() - began
-            case.killed_in, case.stack = phase_of(stack), stack[:12]
+            case.killed_in, case.stack = phase_of(stack), stack
             return
         check_alive(f"a {case.phase}")
         time.sleep(0.002)
