@@ -73,15 +73,18 @@ def main() -> None:
     engine_env = {
         key: env[key] for key in ("OMP_NUM_THREADS", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_OMP_THREADS_BIND")
     }
-    os.environ.update(engine_env, VLLM_LOGGING_LEVEL="ERROR", RAY_AUTH_MODE="disabled")
+    os.environ.update(engine_env, VLLM_LOGGING_LEVEL="ERROR")
     import ray
 
-    ray.init(
-        num_cpus=THREADS,
-        include_dashboard=False,
-        logging_level="WARNING",
-        runtime_env={"env_vars": {**engine_env, "VLLM_LOGGING_LEVEL": "ERROR"}},
-    )
+    from easyr1.main import closed_local_cluster
+
+    with closed_local_cluster():  # loopback only, Ray's token required: as easyr1.main starts its cluster
+        ray.init(
+            num_cpus=THREADS,
+            include_dashboard=False,
+            logging_level="WARNING",
+            runtime_env={"env_vars": {**engine_env, "VLLM_LOGGING_LEVEL": "ERROR"}},
+        )
     calls = args.calls + 2
     in_actor = ray.remote(num_cpus=1)(Engine).remote(str(models[args.size]), str(data), calls, 29561)
     ray.get(in_actor.__ray_ready__.remote())

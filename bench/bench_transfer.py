@@ -18,7 +18,6 @@ per image) is this table scaled up.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import numpy as np
@@ -29,6 +28,7 @@ from PIL import Image
 from easyr1.distributed import Worker, WorkerGroup
 from easyr1.distributed.balance import balanced_order
 from easyr1.engines.base import pack_responses
+from easyr1.main import closed_local_cluster
 from easyr1.protocol import ACTOR_FIELDS, Batch
 
 
@@ -124,8 +124,8 @@ def main() -> None:
     parser.add_argument("--response", type=int, default=256, help="response length (tokens)")
     args = parser.parse_args()
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=2, object_store_memory=768 * 1024**2, include_dashboard=False, logging_level="ERROR")
+    with closed_local_cluster():  # loopback only, Ray's token required: as easyr1.main starts its cluster
+        ray.init(num_cpus=2, object_store_memory=768 * 1024**2, include_dashboard=False, logging_level="ERROR")
     group = WorkerGroup(TransferProbe, 2)
     started = time.perf_counter()
     rows, breakdown = [], None

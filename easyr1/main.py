@@ -213,16 +213,19 @@ def write_ray_timeline(path: str) -> None:
 
 def resume_advice(lost: WorkerLost, argv: list[str]) -> str:
     """The last intact checkpoint of the run a lost worker stopped, and the command that continues from it."""
-    from easyr1.checkpoint.manager import CheckpointDirectory
+    from easyr1.checkpoint.manager import CheckpointDirectory, step_damage
 
     checkpoints = CheckpointDirectory(lost.checkpoints) if lost.checkpoints else None
     steps = checkpoints.complete_steps() if checkpoints else []
+    # the newest committed step whose files are whole (the one a resume would choose)
+    intact = next((step for step in reversed(steps) if step_damage(checkpoints.step_dir(step)) is None), None)
     command = shlex.join([Path(sys.executable).name, "-m", "easyr1.main", *argv])
-    if not steps:
-        return f"no checkpoint was written before it; start the run again with:\n  {command}"
-    last = checkpoints.step_dir(steps[-1])
+    if intact is None:
+        written = "no checkpoint was written before it" if not steps else "no checkpoint of the run is intact"
+        return f"{written}; start the run again with:\n  {command}"
+    last = checkpoints.step_dir(intact)
     return (
-        f"the last intact checkpoint is {last} (step {steps[-1]}); continue from it with:\n"
+        f"the last intact checkpoint is {last} (step {intact}); continue from it with:\n"
         f"  {command} {shlex.quote(f'trainer.load_checkpoint_path={last}')}"
     )
 

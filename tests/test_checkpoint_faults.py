@@ -16,7 +16,8 @@ import torch
 from easyr1.checkpoint.manager import TRAINER_STATE_NAME, CheckpointDirectory, step_damage
 from easyr1.checkpoint.sharded import load_component, save_component, save_durably
 from easyr1.distributed.fsdp import data_parallel_mesh, full_tensor, shard_model
-from easyr1.errors import CheckpointError
+from easyr1.errors import CheckpointError, WorkerLost
+from easyr1.main import resume_advice
 from easyr1.models.loading import load_model
 
 
@@ -159,6 +160,11 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_previous_one_resumed(
     assert capsys.readouterr().out == ""
 
     damaged_file = damage(checkpoints.step_dir(4))
+    # a lost worker's message offers the step a resume would choose
+    lost = WorkerLost(rank=1, node="127.0.0.1", phase="generate", cause="killed")
+    lost.checkpoints = str(checkpoints.root)
+    advice = resume_advice(lost, ["config=run.yaml"])
+    assert f"the last intact checkpoint is {checkpoints.step_dir(2)} (step 2)" in advice, advice
     chosen = checkpoints.resume_path(None, find_last_checkpoint=True)
     assert chosen == checkpoints.step_dir(2)
     console = capsys.readouterr().out
