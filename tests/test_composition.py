@@ -26,15 +26,6 @@ from easyr1.workers.hybrid_worker import HybridWorker
 
 
 PACKAGE = Path(__file__).resolve().parents[1] / "easyr1"
-RANK_ENVIRONMENT = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "OMP_NUM_THREADS",
-)
 
 
 class Untouchable:
