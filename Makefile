@@ -18,11 +18,17 @@ demo: install
 demo-agent: install
 	$(PYTHON) -m easyr1.tools.demo --env target
 
-# The whole suite in three pytest processes side by side: the tests that start Ray, vLLM or a training run (the 25
-# slowest listed); the fast tier (none of those: `make test-fast`); and tests/gpu on the CPU with Ray and vLLM
-# unimportable, as on the GPU test machines. The last two run in a session of their own at the lowest priority (its
+# The whole suite in four pytest processes side by side. In the foreground, the tests that start Ray, vLLM or a
+# training run, in two streams: the runs whose process is the point (kill -9, multi-node, the recipe's runs in a row:
+# RUN_TESTS), which spend much of their time waiting for processes to start and stop, and the others (the 25 slowest
+# of each listed). In the background, the fast tier (none of those: `make test-fast`) and tests/gpu on the CPU with
+# Ray and vLLM unimportable, as on the GPU test machines, in a session of their own at the lowest priority (its
 # scheduler group's, /proc/PID/autogroup: a plain `nice` counts only within a session, and Ray's processes have their
-# own), so they take the time the first leaves idle rather than slowing it; they print when the first is done.
+# own), so they take the time the foreground leaves idle rather than slowing it. Each Ray-using stream starts its own
+# local cluster (free ports, its own session directory).
+RUN_TESTS = tests/test_resume_fault.py tests/test_worker_lost.py tests/test_agent_resume.py tests/test_multinode.py \
+	tests/test_easyr1_recipe.py
+HEAVY = -m "ray or vllm or e2e" -p no:cacheprovider --durations=25
 BACKGROUND = setsid -w sh -c 'echo 19 >/proc/self/autogroup 2>/dev/null; exec nice -n 19 "$$@"' background
 test: install
 	@mkdir -p .cache/test
@@ -30,11 +36,13 @@ test: install
 		-m "not ray and not vllm and not e2e" --durations=5 >.cache/test/fast.log 2>&1 & fast=$$!; \
 	EASYR1_GPU_TESTS_ON_CPU=1 $(BACKGROUND) $(PYTHON) -m pytest tests/gpu -q -p no:cacheprovider \
 		>.cache/test/gpu-on-cpu.log 2>&1 & gpu=$$!; \
-	$(PYTHON) -m pytest tests -q -m "ray or vllm or e2e" --durations=25; heavy=$$?; \
-	wait $$fast; fast_rc=$$?; wait $$gpu; gpu_rc=$$?; \
+	$(PYTHON) -m pytest $(RUN_TESTS) -q $(HEAVY) >.cache/test/runs.log 2>&1 & runs=$$!; \
+	$(PYTHON) -m pytest tests -q $(HEAVY) $(addprefix --ignore=,$(RUN_TESTS)); heavy=$$?; \
+	wait $$runs; runs_rc=$$?; wait $$fast; fast_rc=$$?; wait $$gpu; gpu_rc=$$?; \
+	echo "--- the runs whose process is the point (.cache/test/runs.log)"; tail -n 25 .cache/test/runs.log; \
 	echo "--- the fast tier (.cache/test/fast.log)"; tail -n 25 .cache/test/fast.log; \
 	echo "--- tests/gpu on the CPU (.cache/test/gpu-on-cpu.log)"; tail -n 5 .cache/test/gpu-on-cpu.log; \
-	test $$heavy -eq 0 -a $$fast_rc -eq 0 -a $$gpu_rc -eq 0
+	test $$heavy -eq 0 -a $$runs_rc -eq 0 -a $$fast_rc -eq 0 -a $$gpu_rc -eq 0
 
 # The tests that start no Ray, no vLLM engine and no training run (markers: pyproject.toml); a few minutes.
 test-fast: install
