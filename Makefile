@@ -1,6 +1,10 @@
 # easyr1 developer commands. `make demo` and `make test` install what they need first.
 PYTHON ?= .venv/bin/python
 export OMP_NUM_THREADS ?= 1
+# Python caches each module's bytecode on its first import (scripts/install_cpu.sh compiles nothing up front): where
+# PYTHONDONTWRITEBYTECODE is set, as on CI machines, every process (each Ray worker, each run a test starts) would
+# compile torch, transformers, vLLM and easyr1 from source again, ~10 s each.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: install install-gpu demo demo-agent test test-fast bench-faults quality style clean
 

@@ -7,12 +7,12 @@ source scripts/install_lib.sh
 
 if begin_install CPU pyproject.toml scripts/install_lib.sh scripts/install_cpu.sh scripts/torchvision_cpu_fix.py; then
   refuse_other_stack vllm install_gpu.sh
-  # torch first, pinned to the CPU build: anything else lets pip pull a multi-GB CUDA build. pip byte-compiles
-  # every package (about 40 s): where PYTHONDONTWRITEBYTECODE is set, as on CI machines, nothing would cache the
-  # compiled modules otherwise, and every process (each Ray worker, each test run) would compile torch, transformers
-  # and vLLM again (about 10 s each).
-  quietly "${PIP[@]}" install "torch==2.13.0+cpu"
-  quietly "${PIP[@]}" install -e ".[cpu,hub,dev,trackers]" "torch==2.13.0+cpu"
+  # torch first, pinned to the CPU build: anything else lets pip pull a multi-GB CUDA build. --no-compile: Python
+  # compiles a module when it is first imported and keeps its bytecode (the Makefile makes sure it may, where
+  # PYTHONDONTWRITEBYTECODE is set); compiling every file of every package up front took ~40% of the install's time,
+  # and most of those files nothing here imports.
+  quietly "${PIP[@]}" install --no-compile "torch==2.13.0+cpu"
+  quietly "${PIP[@]}" install --no-compile -e ".[cpu,hub,dev,trackers]" "torch==2.13.0+cpu"
   # CUDA-only wheels that cannot load beside torch+cpu and that nothing on the CPU path needs.
   "${PIP[@]}" uninstall -y torchaudio torchcodec triton >/dev/null 2>&1 || true
   site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
