@@ -411,6 +411,8 @@ class Trainer:
                 "kl_controller": self.kl_controller.state_dict(),
                 "rng": rng_state(),
             }
+            if hasattr(self.stage, "state_dict"):  # an asynchronous schedule's samples in flight (easyr1.schedules)
+                driver_state["stage"] = self.stage.state_dict()
             save_durably(driver_state, staging / TRAINER_STATE_NAME)
             (staging / "config.yaml").write_text(to_yaml(self.config, redacted=True), encoding="utf-8")
 
@@ -423,6 +425,8 @@ class Trainer:
         self.global_step = int(driver_state["global_step"])
         self.prompts.load_state_dict(driver_state["prompts"])
         self.kl_controller.load_state_dict(driver_state["kl_controller"])
+        if "stage" in driver_state:
+            self.stage.load_state_dict(driver_state["stage"])
         set_rng_state(driver_state["rng"])
         print(f"easyr1: resumed from {step_dir} (step {self.global_step} of {self.total_steps})", flush=True)
 

@@ -6,7 +6,8 @@ a one-line help text; :func:`describe` prints them all. One module per section h
 of its fields:
 
 - ``data.py``, ``algorithm.py``, ``actor.py`` (actor, reference, critic and the model, optimizer, FSDP, offload and
-  LoRA sections they share), ``rollout.py``, ``reward.py``, ``trainer.py``: the sections;
+  LoRA sections they share), ``rollout.py``, ``reward.py``, ``trainer.py``, ``env.py``, ``schedule.py``
+  (``async_training``: asynchronous schedules): the sections;
 - ``ppo.py``: :class:`PPOConfig`, the worker section, the derived (mirror) fields, and the entry points of the
   checks (:meth:`PPOConfig.validate`, :func:`check_against_model`);
 - ``loading.py``: :func:`load_config` (YAML + dot-list overrides, renamed keys, suggestions), :func:`describe`,
@@ -40,6 +41,7 @@ from easyr1.config.ppo import MIRRORS, PPOConfig, WorkerConfig, check_against_mo
 from easyr1.config.reward import RewardConfig
 from easyr1.config.rollout import RolloutConfig
 from easyr1.config.rules import DTYPE_NAMES
+from easyr1.config.schedule import AsyncConfig
 from easyr1.config.trainer import TrainerConfig
 
 
@@ -49,6 +51,7 @@ __all__ = [
     "LOSS_TYPE_ALIASES",
     "MIRRORS",
     "ActorConfig",
+    "AsyncConfig",
     "AlgorithmConfig",
     "CriticConfig",
     "DataConfig",

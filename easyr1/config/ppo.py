@@ -38,6 +38,7 @@ from easyr1.config.reward import (
 )
 from easyr1.config.rollout import ROLLOUT_RANGES, RolloutConfig, check_rollout_names, check_val_override
 from easyr1.config.rules import check_ranges, prefixed
+from easyr1.config.schedule import ASYNC_RANGES, AsyncConfig, check_schedule
 from easyr1.config.trainer import TRAINER_RANGES, TrainerConfig, check_trainer_names
 from easyr1.errors import ConfigError
 
@@ -67,6 +68,9 @@ class PPOConfig:
     worker: WorkerConfig = section(WorkerConfig, "actor, reference, rollout and reward")
     trainer: TrainerConfig = section(TrainerConfig, "the training loop")
     env: EnvConfig = section(EnvConfig, "the environment of a multi-turn agent run (unset: single-turn prompts)")
+    async_training: AsyncConfig = section(
+        AsyncConfig, "asynchronous schedules: generation overlapped with training (default: sync, no overlap)"
+    )
 
     def __post_init__(self) -> None:
         self.fill_derived()
@@ -161,6 +165,7 @@ _RANGES = {
     **prefixed("worker.reward", REWARD_RANGES),
     **prefixed("trainer", TRAINER_RANGES),
     **prefixed("env", ENV_RANGES),
+    **prefixed("async_training", ASYNC_RANGES),
 }
 
 
@@ -204,6 +209,7 @@ def validation_problems(config: PPOConfig, num_workers: int | None) -> list[str]
     if config.env.enabled:
         check_env_names(config.env, problems)
     check_estimator_env(config.algorithm, config.env, config.data, problems)
+    check_schedule(config, world, problems)
     check_sizes(
         config.data,
         config.algorithm,
