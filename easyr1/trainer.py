@@ -156,7 +156,7 @@ class Trainer:
         self._close_trackers()
         return history
 
-    def train_step(self, prompts: Batch, step: int) -> dict[str, float]:
+    def train_step(self, prompts: Batch | None, step: int) -> dict[str, float]:
         """One RL step on one batch of prompts; returns its metrics."""
         step_start = time.perf_counter()
         self.workers.open_step()  # each sample's heavy fields go to a worker once per step, and are reused there
@@ -198,9 +198,12 @@ class Trainer:
         return {**self._step_metrics(batch, rewards, worker_metrics, timings), **metrics}
 
     # ------------------------------------------------------------------------------------------- step helpers
-    def step_prompts(self) -> Batch:
+    def step_prompts(self) -> Batch | None:
         """The prompts a step starts from: a full rollout batch, or with online filtering one generation round
-        (further rounds follow only while too few groups are informative)."""
+        (further rounds follow only while too few groups are informative); ``None`` for an asynchronous schedule,
+        which runs ahead of the step and draws its prompts itself."""
+        if getattr(self.stage, "draws_prompts", False):
+            return None
         if self.config.algorithm.online_filtering:
             return self.prompts.next()
         rounds = self.config.data.rollout_batch_size // self.round_size

@@ -504,6 +504,8 @@ class RLDataset(torch.utils.data.Dataset):
             "multi_modal_data": multi_modal_data,
             "multi_modal_inputs": multi_modal_inputs,
             "ground_truth": check_answer(data, self.answer_key, row.where),
+            # the item's position, so a prompt still generating when a checkpoint is written can be read again
+            "dataset_index": torch.tensor(index, dtype=torch.long),
             # for the reward function, which receives them by name (workers/reward.py)
             "row_columns": {
                 name: value
