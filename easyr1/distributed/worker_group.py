@@ -57,6 +57,15 @@ class Transfer:
     rows_sent: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass
+class PendingCall:
+    """A call started on ranks of a group and not collected yet (:meth:`WorkerGroup.submit`)."""
+
+    method: str
+    refs: list
+    ranks: list[int]
+
+
 class WorkerGroup:
     """``num_workers`` instances of ``worker_cls`` on ``nnodes`` nodes, ranks 0..N-1 ordered by node.
 
@@ -216,8 +225,24 @@ class WorkerGroup:
             return merged.index(slice(0, size)) if len(merged) != size else merged
         return results
 
-    def _gather(self, refs: list[ray.ObjectRef], phase: str) -> list[Any]:
-        """The results of one call on every rank, in rank order.
+    def submit(
+        self, method: Callable[..., Any], *args: Any, ranks: list[int] | None = None, **kwargs: Any
+    ) -> PendingCall:
+        """Start ``method`` with the same arguments on every rank (or on ``ranks``) without waiting; :meth:`collect`
+        gives the results. Calls on one rank run in the order they were made, so the group can be handed the next
+        call while this one runs, and another group can work meanwhile (the driver overlaps the two groups of a
+        split placement this way)."""
+        name = method_name(self.worker_cls, method)
+        ranks = list(range(self.num_workers)) if ranks is None else list(ranks)
+        refs = [getattr(self.workers[rank], name).remote(*args, **kwargs) for rank in ranks]
+        return PendingCall(name, refs, ranks)
+
+    def collect(self, pending: PendingCall) -> list[Any]:
+        """The results of a :meth:`submit` call, in the order of its ranks (waits for them)."""
+        return self._gather(pending.refs, pending.method, pending.ranks)
+
+    def _gather(self, refs: list[ray.ObjectRef], phase: str, ranks: list[int] | None = None) -> list[Any]:
+        """The results of one call on every rank (or on ``ranks``, the ranks of ``refs``), in rank order.
 
         Waits for them one at a time, so that a rank that died is reported at once (:class:`WorkerLost`) rather than
         after the others time out in a collective it will never join; a user error raised by a rank is re-raised as
@@ -230,6 +255,7 @@ class WorkerGroup:
                 ray.get(ready[0])
             except ray.exceptions.RayActorError as error:
                 rank = refs.index(ready[0])
+                rank = ranks[rank] if ranks is not None else rank
                 node = self.addresses[rank] if rank < len(self.addresses) else "?"
                 raise WorkerLost(rank, node, f"{self.worker_cls.__name__}.{phase}", type(error).__name__) from None
             except ray.exceptions.RayTaskError as error:

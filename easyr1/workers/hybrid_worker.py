@@ -6,12 +6,18 @@ critic's values: those the step needs, in one call) and :meth:`update_actor`; wh
 log-probs from its own forward (:mod:`easyr1.on_policy`), :meth:`update_actor_on_policy` replaces the latter and
 the experience call has no old-log-prob pass. Each call gets this rank's equal share of the batch; for generation the
 ranks of one tensor-parallel group pool their shares, since they run one engine together.
+
+Under ``async_training.placement=split`` a worker has one role (:data:`ROLES`): a ``trainer`` holds the actor,
+reference and critic and no engine, a ``generator`` holds the engine only (no optimizer, no reference); the trainers
+send their weights to the generators after each update (:meth:`push_weights` / :meth:`receive_weights`, through
+``distributed/weight_push.py``). A ``hybrid`` worker holds all of them.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +39,7 @@ from easyr1.distributed.fsdp import (
 from easyr1.distributed.offload import Residency
 from easyr1.distributed.precision import Precision, resolve_precision
 from easyr1.distributed.tensor_parallel import TensorParallelGroup
+from easyr1.distributed.weight_push import PushStats, WeightPushGroup
 from easyr1.distributed.worker import Worker, device_type
 from easyr1.engines import EngineSetup, RolloutEngine, SamplingSettings, build_engine, engine_traits
 from easyr1.logging.perf import device_peak_flops, memory_metrics, model_flops_utilization
@@ -41,6 +48,7 @@ from easyr1.models.loading import (
     build_empty_model,
     default_attn_implementation,
     load_model,
+    load_model_config,
     load_tokenizer_and_processor,
     pad_token_id,
 )
@@ -53,6 +61,11 @@ from easyr1.workers.critic import Critic, ValueModel
 from easyr1.workers.optim import build_lr_scheduler, build_optimizer
 
 
+# What a worker holds: everything (colocated), the models that train, or the engine alone (async_training.placement).
+HYBRID, TRAINER, GENERATOR = "hybrid", "trainer", "generator"
+ROLES = (HYBRID, TRAINER, GENERATOR)
+
+
 def engine_dtype(name: str | None, actor_compute: torch.dtype) -> torch.dtype:
     """The rollout engine's dtype (``worker.rollout.dtype``): an explicit name wins; ``None`` is the dtype the
     actor computes in (bf16 under the GPU's mixed precision, fp32 on CPU), so that the engine samples from the
@@ -63,8 +76,12 @@ def engine_dtype(name: str | None, actor_compute: torch.dtype) -> torch.dtype:
 class HybridWorker(Worker):
     """One rank: FSDP2 actor, reference and critic, and a rollout engine fed from the actor's weights."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, role: str = HYBRID) -> None:
+        if role not in ROLES:
+            raise ValueError(f"unknown worker role {role!r}; known: {ROLES}")
         self.config = config
+        self.role = role
+        self.weight_push: WeightPushGroup | None = None  # trainer rank 0 and the generators of a split placement
         self.actor: Actor | None = None
         self.ref: Actor | None = None
         self.critic: Critic | None = None
@@ -77,7 +94,8 @@ class HybridWorker(Worker):
 
     # ----------------------------------------------------------------------------------------------- set-up
     def init_models(self) -> None:
-        """Load, shard and wrap the models, and start the rollout engine."""
+        """Load, shard and wrap the models, and start the rollout engine (a trainer: no engine; a generator: the
+        engine only)."""
         config = self.config
         actor_config = config.worker.actor
         model_config = actor_config.model
@@ -85,12 +103,15 @@ class HybridWorker(Worker):
         transformers.utils.logging.disable_progress_bar()  # one bar per worker per load is noise
         self.precision = resolve_precision(actor_config.fsdp, self.device, "actor")
         seed_everything(config.trainer.seed)
-        mesh = data_parallel_mesh(self.device)
 
         self.tokenizer, self.processor = load_tokenizer_and_processor(
             model_config.tokenizer_path, model_config.trust_remote_code
         )
         self.lora_scaling = None
+        if self.role == GENERATOR:
+            self._init_generator(model_config)
+            return
+        mesh = data_parallel_mesh(self.device)
 
         def prepare_actor(model: nn.Module) -> nn.Module:
             if model_config.enable_gradient_checkpointing:
@@ -149,6 +170,28 @@ class HybridWorker(Worker):
         for residency in (self.actor_residency, self.ref_residency, self.critic_residency):
             if residency is not None:
                 residency.release()  # off the device before the engine claims its memory
+        if self.role == HYBRID:
+            self._init_engine()
+
+    def _init_generator(self, model_config: Any) -> None:
+        """A generator's set-up: the engine alone, with the token rules the actor's model would give it."""
+        hf_config = load_model_config(
+            model_config.model_path, model_config.trust_remote_code, model_config.override_config
+        )
+        self.banned_token_ids = [
+            token
+            for token in (getattr(hf_config, "image_token_id", None), getattr(hf_config, "video_token_id", None))
+            if token is not None
+        ]
+        try:
+            self.generation_config = transformers.GenerationConfig.from_pretrained(model_config.model_path)
+        except OSError:  # no generation_config.json: the model's config gives it, as from_pretrained does
+            self.generation_config = transformers.GenerationConfig.from_model_config(hf_config)
+        self._init_engine()
+
+    def _init_engine(self) -> None:
+        """The tensor-parallel prompt-sharing group and the engine."""
+        config = self.config
         # before the engine: vLLM creates its own groups next, and every rank must create groups in one order
         engine_tensor_parallel = engine_traits(config.worker.rollout.name).tensor_parallel
         self.tensor_parallel = TensorParallelGroup(
@@ -247,7 +290,8 @@ class HybridWorker(Worker):
         return build_engine(setup)
 
     def _eos_ids(self) -> list[int]:
-        generation_eos = getattr(self.actor.model.generation_config, "eos_token_id", None)
+        generation_config = self.actor.model.generation_config if self.actor is not None else self.generation_config
+        generation_eos = getattr(generation_config, "eos_token_id", None)
         ids = generation_eos if isinstance(generation_eos, list) else [generation_eos]
         ids = [token for token in ids if token is not None]
         return ids or [self.tokenizer.eos_token_id]
@@ -262,14 +306,60 @@ class HybridWorker(Worker):
         """
         start = time.perf_counter()
         # Every rank runs its own engine, so every rank gathers the whole model.
+        with self._engine_weights() as named_parameters:
+            self.engine.sync_weights(named_parameters)
+        self.weights_stale = False
+        return time.perf_counter() - start
+
+    @contextmanager
+    def _engine_weights(self) -> Iterator[Iterator[tuple[str, torch.Tensor]]]:
+        """The actor's full weights as the engine takes them (HF names, compute dtype, LoRA folded in), one FSDP
+        group at a time; every rank must walk them to the end (each group's gather is a collective)."""
         with self.actor_residency.on_device():
             lora = self.lora_scaling is not None
             with gathered_parameters(self.actor.model, master_weights=lora) as named_parameters:
                 if lora:  # the engine gets plain weights with the adapters folded in
                     named_parameters = merged_weights(named_parameters, self.lora_scaling, self.precision.compute)
-                self.engine.sync_weights(named_parameters)
+                yield named_parameters
+
+    # ------------------------------------------------------------------------------------ split placement
+    def init_weight_push(self, rank: int, size: int, master_addr: str, master_port: int) -> None:
+        """Join the push group (trainer rank 0 as its rank 0, generator ``g`` as ``1 + g``); every member calls this
+        at the same time (``distributed/weight_push.py``)."""
+        self.weight_push = WeightPushGroup(rank, size, master_addr, master_port, self.device)
+
+    def push_weights(self) -> dict[str, float]:
+        """A trainer's part of a push: every trainer rank gathers the full weights, rank 0 broadcasts them to the
+        generators (which run :meth:`receive_weights` at the same time). Returns rank 0's bytes and seconds."""
+        start = time.perf_counter()
+        with self._engine_weights() as named_parameters:
+            if self.weight_push is not None:
+                stats = self.weight_push.send(named_parameters)
+            else:  # the other trainer ranks take part in each group's gather only
+                stats = PushStats()
+                for _ in named_parameters:
+                    pass
+        stats.seconds = time.perf_counter() - start
+        return vars(stats)
+
+    def receive_weights(self) -> dict[str, float]:
+        """A generator's part of a push: the weights trainer rank 0 broadcasts, loaded into the engine as they come.
+        Returns the bytes, the seconds and the sum of the values received."""
+        start = time.perf_counter()
+        stats = PushStats()
+        self.engine.wake_weights()
+        self.engine.sync_weights(self.weight_push.receive(stats))
         self.weights_stale = False
-        return time.perf_counter() - start
+        stats.seconds = time.perf_counter() - start
+        return vars(stats)
+
+    def weights_checksum(self) -> float:
+        """The sum of every value of the weights the engine is given (a trainer: the actor's, gathered; collective
+        over the trainers) or holds (a generator whose engine keeps a model: the HF engine), in float64."""
+        if self.role == GENERATOR:
+            return sum(tensor.double().sum().item() for tensor in self.engine.model.state_dict().values())
+        with self._engine_weights() as named_parameters:
+            return sum(tensor.double().sum().item() for _, tensor in named_parameters)
 
     def generate(self, prompts: Batch, sampling: dict[str, Any], stay_awake: bool = False) -> Batch:
         """Sample one response per row (rows are already repeated ``n`` times by the driver).
@@ -288,7 +378,7 @@ class HybridWorker(Worker):
         start = time.perf_counter()
         output = self.engine.generate(rows, SamplingSettings(**sampling), rows["sample_seed"].tolist())
         generate_seconds = time.perf_counter() - start
-        if not stay_awake:
+        if not stay_awake and self.role != GENERATOR:  # a generator's engine stays awake: nothing else uses its device
             self.engine.sleep()
         output = output.index(own_rows)
         # this rank's own objects, not the copies the tensor-parallel pooling made: the driver recognises unchanged
@@ -444,6 +534,9 @@ class HybridWorker(Worker):
             self.engine.close()
             self.engine = None
         self.actor = self.ref = self.critic = None
+        if self.weight_push is not None:
+            self.weight_push.close()
+            self.weight_push = None
         if dist.is_initialized():
             dist.destroy_process_group()
 
