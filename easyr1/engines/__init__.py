@@ -6,7 +6,7 @@ shipped here (each imports its library only when built).
 
 from easyr1.engines import vllm_engine  # noqa: F401, I001  registers the engines, the default first
 from easyr1.engines import hf_engine  # noqa: F401  registers the engine
-from easyr1.engines.base import RolloutEngine, SamplingSettings
+from easyr1.engines.base import RolloutEngine, SamplingSettings, StopRule
 from easyr1.engines.registry import ENGINES, EngineSetup, EngineTraits, build_engine, check_engine, engine_traits
 
 
@@ -16,6 +16,7 @@ __all__ = [
     "EngineTraits",
     "RolloutEngine",
     "SamplingSettings",
+    "StopRule",
     "build_engine",
     "check_engine",
     "engine_traits",

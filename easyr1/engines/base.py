@@ -8,6 +8,13 @@ beforehand) and returns the same rows with:
 - ``rollout_log_probs`` (B, R) the engine's log-prob of each sampled token (0 on padding),
 - ``input_ids`` / ``attention_mask`` (B, P + R) prompt and response side by side,
 - ``position_ids`` (B, 4, P + R) for vision-language models, (B, P + R) otherwise.
+
+Partial responses (``async_training.schedule=partial_rollout``): a row may carry ``partial_ids`` and
+``partial_log_probs`` (the tokens an earlier call sampled, under older weights); the engine continues after them with
+the remaining token budget, and the returned response is the partial one followed by the new tokens. With a
+:class:`StopRule` the call may stop before every row is done: ``finished`` (B,) says which rows ended (EOS or the
+token budget) and ``new_tokens`` (B,) how many tokens each row gained. Rows whose ``active`` is false are not
+generated (padding that keeps the workers' shares equal) and come back empty.
 """
 
 from __future__ import annotations
@@ -34,6 +41,36 @@ class SamplingSettings:
     greedy: bool = False
 
 
+@dataclass(frozen=True)
+class StopRule:
+    """When a generate call may stop before every row is done.
+
+    The call stops once ``groups`` groups of rows (rows sharing a ``uid``) have all their rows finished and every
+    row flagged ``must_finish`` is finished; the rows still running then come back unfinished, with what they have
+    sampled so far.
+    """
+
+    groups: int
+
+
+def stop_position(
+    lengths: list[int], finished: list[bool], uids: list[str], must_finish: list[bool], groups: int
+) -> int:
+    """The decoding position at which a call under ``StopRule(groups)`` stops, were every row decoded in lockstep
+    (one token per row per position): the first position where ``groups`` groups and every ``must_finish`` row are
+    finished. ``lengths`` are the rows' new tokens if run to the end, ``finished`` whether they ended there."""
+    done_at: dict[str, int] = {}
+    required = 0
+    for length, ended, uid, must in zip(lengths, finished, uids, must_finish):
+        end = length if ended else 2**62  # a row that never ends within the call finishes no group
+        done_at[uid] = max(done_at.get(uid, 0), end)
+        if must:
+            required = max(required, end)
+    completions = sorted(done_at.values())
+    quota = completions[min(groups, len(completions)) - 1] if completions and groups > 0 else 0
+    return max(quota, required)
+
+
 class RolloutEngine(Protocol):
     """Interface shared by the vLLM and Hugging Face engines.
 
@@ -44,8 +81,11 @@ class RolloutEngine(Protocol):
     weights_discarded: bool
     """True after a sleep that dropped the weights: the next rollout must sync even if the actor is unchanged."""
 
-    def generate(self, prompts: Batch, sampling: SamplingSettings, seeds: list[int]) -> Batch:
-        """Sample one response per row of ``prompts``; ``seeds`` makes each row's sampling reproducible."""
+    def generate(
+        self, prompts: Batch, sampling: SamplingSettings, seeds: list[int], stop: StopRule | None = None
+    ) -> Batch:
+        """Sample one response per row of ``prompts`` (continuing its ``partial_ids`` if any); ``seeds`` makes each
+        row's sampling reproducible; with ``stop`` the call may end before every row is done."""
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load the actor's current full weights (Hugging Face parameter names)."""
@@ -90,4 +130,38 @@ def pack_responses(
     out["input_ids"] = torch.cat([prompts["input_ids"], responses], dim=-1)
     out["attention_mask"] = torch.cat([prompts["attention_mask"], response_mask], dim=-1)
     out["position_ids"] = extend_position_ids(prompts["position_ids"], response_length)
+    return out
+
+
+def partial_of(prompts: Batch, row: int) -> tuple[list[int], list[float]]:
+    """The tokens and log-probs row ``row`` already has (empty unless it continues a partial response)."""
+    if "partial_ids" not in prompts:
+        return [], []
+    return list(prompts["partial_ids"][row]), list(prompts["partial_log_probs"][row])
+
+
+def is_active(prompts: Batch, row: int) -> bool:
+    """Whether row ``row`` is to be generated (rows with ``active`` false only pad a worker's share)."""
+    return "active" not in prompts or bool(prompts["active"][row])
+
+
+def pack_continued(
+    prompts: Batch,
+    new_ids: list[list[int]],
+    new_log_probs: list[list[float]],
+    ended: list[bool],
+    response_length: int,
+    pad_token_id: int,
+) -> Batch:
+    """:func:`pack_responses` of each row's partial response followed by its new tokens, with ``finished`` (the row
+    ended: EOS, or the whole token budget used) and ``new_tokens``."""
+    ids, log_probs, finished = [], [], []
+    for row in range(len(prompts)):
+        old_ids, old_log_probs = partial_of(prompts, row)
+        ids.append(old_ids + new_ids[row])
+        log_probs.append(old_log_probs + new_log_probs[row])
+        finished.append(bool(ended[row]) or len(ids[-1]) >= response_length)
+    out = pack_responses(prompts, ids, log_probs, response_length, pad_token_id)
+    out["finished"] = torch.tensor(finished, dtype=torch.bool)
+    out["new_tokens"] = torch.tensor([len(row) for row in new_ids], dtype=torch.long)
     return out

@@ -15,7 +15,7 @@ import torch
 from tqdm import tqdm
 
 from easyr1.algorithms.logits import BANNED_TOKEN_BIAS
-from easyr1.engines.base import SamplingSettings, pack_responses
+from easyr1.engines.base import SamplingSettings, StopRule, is_active, pack_continued, partial_of, stop_position
 from easyr1.engines.registry import EngineSetup, EngineTraits, register_engine
 from easyr1.protocol import Batch, merge_vision_inputs
 
@@ -47,18 +47,53 @@ class HFEngine:
         self.sequence_bias = {(token,): BANNED_TOKEN_BIAS for token in banned_token_ids} or None
 
     @torch.no_grad()
-    def generate(self, prompts: Batch, sampling: SamplingSettings, seeds: list[int]) -> Batch:
-        """Generate row by row so that each row's sampling depends only on its own seed."""
-        response_ids, response_log_probs = [], []
+    def generate(
+        self, prompts: Batch, sampling: SamplingSettings, seeds: list[int], stop: StopRule | None = None
+    ) -> Batch:
+        """Generate row by row so that each row's sampling depends only on its own seed.
+
+        With ``stop``, every row is generated to its end first and then cut where a lockstep decoder would have
+        stopped (:func:`~easyr1.engines.base.stop_position`): the tokens past that point are discarded, so a row's
+        kept tokens are those it would have had, at the cost of decoding the discarded ones (this engine serves
+        debugging and CPU runs; vLLM stops for real).
+        """
+        response_ids, response_log_probs, ended = [], [], []
         for row in tqdm(range(len(prompts)), desc="generate", leave=False, disable=not self.show_progress):
-            ids, log_probs = self._generate_one(prompts.index([row]), sampling, seeds[row])
+            ids, log_probs, row_ended = self._generate_one(prompts, row, sampling, seeds[row])
             response_ids.append(ids)
             response_log_probs.append(log_probs)
-        return pack_responses(prompts, response_ids, response_log_probs, sampling.max_tokens, self.pad_token_id)
+            ended.append(row_ended)
+        if stop is not None:
+            uids = [str(uid) for uid in prompts["uid"]]
+            must = prompts["must_finish"].tolist() if "must_finish" in prompts else [False] * len(prompts)
+            active = [is_active(prompts, row) for row in range(len(prompts))]
+            position = stop_position(
+                [len(ids) for ids, live in zip(response_ids, active) if live],
+                [done for done, live in zip(ended, active) if live],
+                [uid for uid, live in zip(uids, active) if live],
+                [flag for flag, live in zip(must, active) if live],
+                stop.groups,
+            )
+            for row, ids in enumerate(response_ids):
+                if len(ids) > position:
+                    response_ids[row], response_log_probs[row] = ids[:position], response_log_probs[row][:position]
+                    ended[row] = False
+        return pack_continued(prompts, response_ids, response_log_probs, ended, sampling.max_tokens, self.pad_token_id)
 
-    def _generate_one(self, prompt: Batch, sampling: SamplingSettings, seed: int) -> tuple[list[int], list[float]]:
+    def _generate_one(
+        self, prompts: Batch, row: int, sampling: SamplingSettings, seed: int
+    ) -> tuple[list[int], list[float], bool]:
+        """Row ``row``'s new tokens, their log-probs, and whether it ended (EOS, or its token budget used)."""
+        partial_ids, _ = partial_of(prompts, row)
+        budget = sampling.max_tokens - len(partial_ids)
+        if not is_active(prompts, row) or budget <= 0:
+            return [], [], budget <= 0
+        prompt = prompts.index([row])
         mask = prompt["attention_mask"][0].bool()
-        input_ids = prompt["input_ids"][:, mask].to(self.device)
+        input_ids = prompt["input_ids"][:, mask]
+        if partial_ids:  # the partial response becomes part of the prompt; the model sees one sequence
+            input_ids = torch.cat([input_ids, torch.tensor([partial_ids], dtype=input_ids.dtype)], dim=-1)
+        input_ids = input_ids.to(self.device)
         vision = merge_vision_inputs(prompt["multi_modal_inputs"]) if "multi_modal_inputs" in prompt else {}
         generator_state = torch.random.get_rng_state()
         torch.manual_seed(seed)
@@ -71,7 +106,7 @@ class HFEngine:
                 temperature=sampling.temperature if not sampling.greedy else None,
                 top_p=sampling.top_p if not sampling.greedy else None,
                 top_k=(sampling.top_k if sampling.top_k > 0 else None) if not sampling.greedy else None,
-                max_new_tokens=sampling.max_tokens,
+                max_new_tokens=budget,
                 eos_token_id=None if sampling.ignore_eos else self.eos_token_ids,
                 pad_token_id=self.pad_token_id,
                 sequence_bias=self.sequence_bias,
@@ -87,9 +122,8 @@ class HFEngine:
         # generate pads after EOS; keep the response up to and including the first EOS
         for end, token in enumerate(new_ids):
             if token in self.eos_token_ids and not sampling.ignore_eos:
-                new_ids, log_probs = new_ids[: end + 1], log_probs[: end + 1]
-                break
-        return new_ids, log_probs
+                return new_ids[: end + 1], log_probs[: end + 1], True
+        return new_ids, log_probs, len(new_ids) >= budget
 
     @torch.no_grad()
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

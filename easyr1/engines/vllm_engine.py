@@ -27,7 +27,7 @@ import torch
 import easyr1.engines.vllm_cpu_weight_sync as vllm_cpu_weight_sync
 import easyr1.engines.vllm_shm as vllm_shm
 from easyr1.algorithms.logits import BANNED_TOKEN_BIAS
-from easyr1.engines.base import SamplingSettings, pack_responses
+from easyr1.engines.base import SamplingSettings, StopRule, is_active, pack_continued, pack_responses, partial_of
 from easyr1.engines.registry import EngineSetup, EngineTraits, register_engine
 from easyr1.errors import UserError
 from easyr1.protocol import Batch
@@ -229,13 +229,18 @@ class VLLMEngine:
 
         return list(get_tp_group().ranks)
 
-    def generate(self, prompts: Batch, sampling: SamplingSettings, seeds: list[int]) -> Batch:
+    def generate(
+        self, prompts: Batch, sampling: SamplingSettings, seeds: list[int], stop: StopRule | None = None
+    ) -> Batch:
         """One response per prompt row, with the sampled tokens' log-probs.
 
         Consecutive rows of one prompt with consecutive seeds (a prompt's n samples, as the driver repeats them) go
         to vLLM as one request with ``n`` samples: it renders the prompt and its images once instead of n times, and
         gives sample k the seed ``seed + k``, the seed the row has, so the tokens are those of one request per row.
+        Rows that continue partial responses, padding rows, or a ``stop`` rule take :meth:`_generate_stepwise`.
         """
+        if stop is not None or "partial_ids" in prompts or "active" in prompts:
+            return self._generate_stepwise(prompts, sampling, seeds, stop)
         from vllm import SamplingParams
 
         # vLLM refuses n > 1 for greedy sampling (its samples would be equal anyway)
@@ -272,15 +277,99 @@ class VLLMEngine:
                 response_log_probs.append([step[token].logprob for step, token in zip(completion.logprobs, ids)])
         return pack_responses(prompts, response_ids, response_log_probs, sampling.max_tokens, self.pad_token_id)
 
-    def _check_prompt_ids(self, prompts: Batch, engine_prompt_ids: list[list[int]]) -> None:
+    def _generate_stepwise(
+        self, prompts: Batch, sampling: SamplingSettings, seeds: list[int], stop: StopRule | None
+    ) -> Batch:
+        """One request per active row, driven engine step by engine step, so that the call can stop early.
+
+        A row continuing a partial response is sent as its prompt followed by the partial tokens (the same images),
+        with the rest of the token budget; vLLM prefills it under the current weights. After each engine step the
+        rows that finished are counted by group (``uid``); once ``stop.groups`` groups and every ``must_finish`` row
+        are finished, the rows still running are aborted and come back with the tokens they have. Every request has
+        its own seed, so a row's tokens do not depend on the others'; the stop point is the same on every rank of a
+        tensor-parallel group, which add the same requests in the same order.
+        """
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        engine = self.llm.llm_engine
+        self.calls = getattr(self, "calls", 0) + 1
+        uids = [str(uid) for uid in prompts["uid"]] if "uid" in prompts else [str(row) for row in range(len(prompts))]
+        must = prompts["must_finish"].tolist() if "must_finish" in prompts else [False] * len(prompts)
+        new_ids: list[list[int]] = [[] for _ in range(len(prompts))]
+        new_log_probs: list[list[float]] = [[] for _ in range(len(prompts))]
+        ended = [False] * len(prompts)
+        rows_of: dict[str, int] = {}
+        open_rows: dict[str, int] = {}  # request id -> row, for the requests still running
+        for row in range(len(prompts)):
+            partial_ids, _ = partial_of(prompts, row)
+            budget = sampling.max_tokens - len(partial_ids)
+            if not is_active(prompts, row) or budget <= 0:
+                ended[row] = budget <= 0
+                continue
+            request = {"prompt_token_ids": list(prompts["raw_prompt_ids"][row]) + partial_ids}
+            multi_modal = prompts["multi_modal_data"][row] if "multi_modal_data" in prompts else None
+            if multi_modal:
+                request["multi_modal_data"] = engine_multi_modal_data(multi_modal)
+            params = SamplingParams(
+                n=1,
+                temperature=0.0 if sampling.greedy else sampling.temperature,
+                top_p=1.0 if sampling.greedy else sampling.top_p,
+                top_k=-1 if sampling.greedy else sampling.top_k,
+                max_tokens=budget,
+                ignore_eos=sampling.ignore_eos,
+                logprobs=0,
+                seed=seeds[row],
+                detokenize=False,
+                logit_bias=self.logit_bias,
+                output_kind=RequestOutputKind.CUMULATIVE,  # the tokens so far of every running request, each step
+            )
+            request_id = f"easyr1-{self.calls}-{row}"
+            engine.add_request(request_id, self.llm._preprocess_cmpl_one(request), params)
+            open_rows[request_id] = row
+            rows_of[uids[row]] = rows_of.get(uids[row], 0) + 1
+        running_in_group = dict(rows_of)
+        complete_groups = 0
+        must_left = sum(1 for row in open_rows.values() if must[row])
+        engine_prompts: dict[int, list[int]] = {}
+        while open_rows:
+            for output in engine.step():
+                row = open_rows.get(output.request_id)
+                if row is None:
+                    continue
+                completion = output.outputs[0]
+                new_ids[row] = list(completion.token_ids)
+                new_log_probs[row] = [step[token].logprob for step, token in zip(completion.logprobs, new_ids[row])]
+                engine_prompts[row] = list(output.prompt_token_ids)
+                if output.finished:
+                    del open_rows[output.request_id]
+                    ended[row] = True
+                    must_left -= int(must[row])
+                    running_in_group[uids[row]] -= 1
+                    complete_groups += int(running_in_group[uids[row]] == 0)
+            if stop is not None and complete_groups >= stop.groups and must_left == 0:
+                break
+        if open_rows:
+            engine.abort_request(list(open_rows))
+        for row, engine_ids in engine_prompts.items():
+            partial_ids, _ = partial_of(prompts, row)
+            if engine_ids[len(engine_ids) - len(partial_ids) :] != partial_ids:
+                raise RuntimeError(f"row {row}: vLLM's prompt does not end with the partial response it continues")
+            self._check_prompt_ids(
+                prompts.index([row]), [engine_ids[: len(engine_ids) - len(partial_ids)]], first_row=row
+            )
+        return pack_continued(prompts, new_ids, new_log_probs, ended, sampling.max_tokens, self.pad_token_id)
+
+    def _check_prompt_ids(self, prompts: Batch, engine_prompt_ids: list[list[int]], first_row: int = 0) -> None:
         """The prompt vLLM sampled from must be the one the actor will score, token for token."""
         for row, engine_ids in enumerate(engine_prompt_ids):
             trainer_ids = prompts["input_ids"][row][prompts["attention_mask"][row].bool()].tolist()
             if list(engine_ids) != trainer_ids:
                 raise UserError(
-                    f"prompt {row}: vLLM expanded the prompt to {len(engine_ids)} tokens but the trainer's prompt has "
-                    f"{len(trainer_ids)}; the processor's vision-token expansion disagrees with vLLM's. Check that "
-                    "data.min_pixels / data.max_pixels match the processor and that images are not resized twice."
+                    f"prompt {first_row + row}: vLLM expanded the prompt to {len(engine_ids)} tokens but the "
+                    f"trainer's prompt has {len(trainer_ids)}; the processor's vision-token expansion disagrees with "
+                    "vLLM's. Check that data.min_pixels / data.max_pixels match the processor and that images are "
+                    "not resized twice."
                 )
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
