@@ -4,7 +4,9 @@
 before anything starts: bad input fails there, cheaply. :func:`build_trainer` settles the config
 (:meth:`~easyr1.config.PPOConfig.settle`: steps, device), opens the checkpoint directory and the trackers, starts the
 worker group (Ray actors, or with ``trainer.single_process`` one worker in this process) and wires the rollout stage
-to the workers and the reward scorer; a resumed run's state is read before anything is written.
+to the workers and the reward scorer; a resumed run's state is read before anything is written. With
+``async_training.placement=split`` it starts two groups, the trainers (the trainer's workers) and the generators (the
+schedule's), and connects them for the weight push; ``async_training.schedule`` picks the stage.
 
 Ray is imported only for a Ray run: with ``trainer.single_process`` this module, the trainer and the stages run where
 Ray is not installed (the GPU check, ``tests/gpu``).
@@ -31,10 +33,11 @@ from easyr1.logging import Tracker, build_trackers
 from easyr1.models.loading import load_model_config, load_tokenizer_and_processor
 from easyr1.reward import LocalRewardScorer, RewardScorer, load_reward_function
 from easyr1.reward.timed import timed_reward_function
+from easyr1.schedules.one_step_off import OneStepOffStage
 from easyr1.stages.multi_turn import EpisodeSeeds, MultiTurnStage
 from easyr1.stages.single_turn import SingleTurnStage
 from easyr1.trainer import Trainer
-from easyr1.workers.hybrid_worker import HybridWorker
+from easyr1.workers.hybrid_worker import GENERATOR, HYBRID, TRAINER, HybridWorker
 
 
 # Torch threads of a GPU worker (its host-side work: data movement, small reductions).
@@ -120,14 +123,33 @@ def build_trainer(config: PPOConfig, inputs: RunInputs | None = None) -> Trainer
         print(f"easyr1: removed {leftover}, a checkpoint write that was interrupted", flush=True)
     trackers = start_trackers(config, int(driver_state["global_step"]) if driver_state else None, total_steps)
 
-    workers = start_workers(config, device)
+    split = config.async_training.placement == "split"
+    generators = None
+    if split:  # the trainers first: the generators' group reserves its resources after theirs
+        generator_count = config.async_training.generator_workers
+        workers = start_workers(config, device, TRAINER, config.world_size - generator_count)
+    else:
+        workers = start_workers(config, device)
     scorer: RewardScorer | None = None
     try:
+        if split:
+            generators = start_workers(config, device, GENERATOR, generator_count)
         print(f"easyr1: {workers.describe()}", flush=True)
         workers.check_shared_directory(config.trainer.save_checkpoint_path, "trainer.save_checkpoint_path")
-        workers.run_all(HybridWorker.init_models)
+        if generators is not None:
+            print(f"easyr1: generators: {generators.describe()}", flush=True)
+            # both groups load at once; then trainer rank 0 and the generators form the push group
+            loading = [(workers, workers.submit(HybridWorker.init_models))]
+            loading.append((generators, generators.submit(HybridWorker.init_models)))
+            collect_all(loading)
+            connect_weight_push(workers, generators)
+        else:
+            workers.run_all(HybridWorker.init_models)
         if config.env.enabled:
             stage: Any = MultiTurnStage(config, workers, tokenizer, inputs.processor, inputs.model_config)
+        elif config.async_training.schedule == "one_step_off":
+            scorer = start_scorer(config, inputs.reward_fn)
+            stage = OneStepOffStage(config, workers, generators, scorer, prompts, tokenizer, inputs.val_dataset)
         else:
             scorer = start_scorer(config, inputs.reward_fn)
             stage = SingleTurnStage(config, workers, scorer, prompts, tokenizer, inputs.val_dataset)
@@ -146,6 +168,8 @@ def build_trainer(config: PPOConfig, inputs: RunInputs | None = None) -> Trainer
             trainer.load_checkpoint(resume_from, driver_state)
     except BaseException:
         workers.shutdown()  # release the workers (and their resources on the cluster) before the error surfaces
+        if generators is not None:  # once the trainer is built, Trainer.shutdown closes them (through the stage)
+            generators.shutdown()
         if scorer is not None:
             scorer.close()
         raise
@@ -184,9 +208,10 @@ def run_device(config: PPOConfig) -> str:
     return resolve_device(config.trainer.device, ray.cluster_resources())
 
 
-def start_workers(config: PPOConfig, device: str) -> Any:
+def start_workers(config: PPOConfig, device: str, role: str = HYBRID, num_workers: int | None = None) -> Any:
     """The worker group of :class:`HybridWorker` ranks (models not loaded yet): Ray actors placed by node, or one
-    worker in this process (``trainer.single_process``). Each gets the settled config."""
+    worker in this process (``trainer.single_process``). Each gets the settled config and ``role`` (a split
+    placement's ``trainer`` or ``generator`` group of ``num_workers``; default: every worker, ``hybrid``)."""
     # on CPU a node's workers share its cores; more threads than cores only adds contention
     threads = GPU_WORKER_THREADS
     if device == "cpu":
@@ -199,13 +224,38 @@ def start_workers(config: PPOConfig, device: str) -> Any:
 
     return WorkerGroup(
         HybridWorker,
-        config.world_size,
+        num_workers or config.world_size,
         nnodes=config.trainer.nnodes,
-        init_args=(config,),
+        init_args=(config, role),
         gpus_per_worker=1 if device == "cuda" else 0,
         threads_per_worker=threads,
         backend=pick_backend(device),
         cache_sample_tensors=config.trainer.cache_sample_tensors,
+    )
+
+
+def collect_all(calls: list[tuple[Any, Any]]) -> list[list[Any]]:
+    """The results of calls submitted to several worker groups, watched together (a lost rank is reported at once)."""
+    from easyr1.distributed.worker_group import collect_together
+
+    return collect_together(calls)
+
+
+def connect_weight_push(trainers: Any, generators: Any) -> None:
+    """Form the push group of a split placement: trainer rank 0 (which serves its TCP store; on loopback when both
+    groups are on one node) and every generator (``distributed/weight_push.py``)."""
+    import ray
+
+    from easyr1.distributed.placement import rendezvous_address
+
+    address, port = ray.get(trainers.workers[0].node_address_and_free_port.remote())
+    master = rendezvous_address([*trainers.node_ids, *generators.node_ids], address)
+    size = 1 + generators.num_workers
+    collect_all(
+        [
+            (trainers, trainers.submit(HybridWorker.init_weight_push, size, master, port, ranks=[0])),
+            (generators, generators.submit(HybridWorker.init_weight_push, size, master, port)),
+        ]
     )
 
 

@@ -438,8 +438,12 @@ class Trainer:
             tracker.close()
 
     def shutdown(self) -> None:
-        """Stop the workers and the reward scorer (a Ray cluster itself stays up)."""
+        """Stop the workers, the stage's own (an asynchronous schedule's generators) and the reward scorer (a Ray
+        cluster itself stays up)."""
         self.workers.shutdown()
+        close_stage = getattr(self.stage, "close", None)
+        if close_stage is not None:
+            close_stage()
         if self.scorer is not None:
             self.scorer.close()
 

@@ -331,6 +331,19 @@ class WorkerGroup:
         remove_placement_group(self._placement)
 
 
+def collect_together(calls: list[tuple[WorkerGroup, PendingCall]]) -> list[list[Any]]:
+    """The results of calls submitted to several groups that wait on each other (a weight push: trainer rank 0
+    sends while the generators receive), each group's in rank order. Every rank of every call is watched at once,
+    so a rank that dies is reported (:class:`WorkerLost`) while the others are still blocked waiting for it."""
+    owner = {ref: (group, call, rank) for group, call in calls for ref, rank in zip(call.refs, call.ranks)}
+    pending = list(owner)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        group, call, rank = owner[ready[0]]
+        group._gather(ready, call.method, [rank])  # raises for a lost rank or an error
+    return [group.collect(call) for group, call in calls]
+
+
 @ray.remote(num_cpus=0)
 def _file_exists(path: str) -> bool:
     """Whether ``path`` exists on the node this task runs on."""

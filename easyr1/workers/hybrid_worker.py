@@ -323,9 +323,10 @@ class HybridWorker(Worker):
                 yield named_parameters
 
     # ------------------------------------------------------------------------------------ split placement
-    def init_weight_push(self, rank: int, size: int, master_addr: str, master_port: int) -> None:
-        """Join the push group (trainer rank 0 as its rank 0, generator ``g`` as ``1 + g``); every member calls this
-        at the same time (``distributed/weight_push.py``)."""
+    def init_weight_push(self, size: int, master_addr: str, master_port: int) -> None:
+        """Join the push group of ``size`` members (trainer rank 0 as its rank 0, generator ``g`` as ``1 + g``);
+        every member calls this at the same time (``distributed/weight_push.py``)."""
+        rank = 1 + self.rank if self.role == GENERATOR else 0
         self.weight_push = WeightPushGroup(rank, size, master_addr, master_port, self.device)
 
     def push_weights(self) -> dict[str, float]:
