@@ -27,13 +27,18 @@ def reuses_update_log_probs(config: Any, samples: int, num_workers: int, step: i
       a second mini-batch would be scored by a policy the first optimizer step changed.
     * no KL in the reward (``algorithm.disable_kl or algorithm.use_kl_loss``): the in-reward KL subtracts
       ``old - ref`` from the rewards, so the advantages need the old log-probs before the update.
+    * ``algorithm.rollout_correction_mode=decoupled``: in ``bypass`` mode the old log-probs are the engine's, so
+      there is no pass to skip, and the update's own log-probs would make PPO's ratio 1 instead of
+      ``pi_theta / pi_rollout``.
 
     Not conditions, since nothing they do reads the old log-probs before the update: the KL loss (it compares
     the current and the reference policy inside the update), the critic and GAE (values and rewards), ReMax's
     greedy baseline, DAPO's online filtering (scores), and every policy loss (each reads the old log-probs only in
-    its ratio). The rollout correction's weights depend on one sample each (one token in ``token_tis``, one row's
-    sum in ``seq_tis``), so the actor computes them per micro-batch from its own log-probs exactly as the driver
-    would; their batch-wide metrics are computed on the driver after the update.
+    its ratio). Every rollout-correction method (:mod:`easyr1.algorithms.rollout_correction`: token / sequence TIS,
+    IcePop, each rejection option) depends on one token or one response, and the loss normaliser counts the tokens
+    before rejection, so the actor computes weights and rejection mask per micro-batch from its own log-probs with
+    exactly the driver's result; their batch-wide metrics are computed on the driver after the update. (A method
+    with batch-wide statistics, such as verl's ``rollout_is_batch_normalize``, would need the old pass.)
 
     Args:
         config: the run's ``PPOConfig``.
@@ -51,4 +56,5 @@ def reuses_update_log_probs(config: Any, samples: int, num_workers: int, step: i
         and actor.ppo_epochs == 1
         and share <= mini_batch_size
         and not kl_in_reward
+        and algorithm.rollout_correction_mode != "bypass"
     )

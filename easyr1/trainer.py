@@ -31,7 +31,7 @@ from easyr1.algorithms import (
     kl_in_reward,
     masked_mean,
     place_scores_on_last_token,
-    rollout_correction_weights,
+    rollout_correction,
     rollout_mismatch_metrics,
 )
 from easyr1.checkpoint.manager import TRAINER_STATE_NAME, CheckpointDirectory
@@ -46,6 +46,7 @@ from easyr1.logging.trackers import Tracker
 from easyr1.on_policy import reuses_update_log_probs
 from easyr1.protocol import ACTOR_FIELDS, Batch
 from easyr1.reward import Rewards, RewardScorer
+from easyr1.schedules.versions import staleness
 from easyr1.stages import RolloutStage
 from easyr1.workers.hybrid_worker import HybridWorker
 
@@ -222,7 +223,10 @@ class Trainer:
     def _compute_experience(self, batch: Batch, on_policy: bool, timings: dict[str, float]) -> Batch:
         """The no-grad passes the step needs (old log-probs unless ``on_policy``, the reference's unless
         ``disable_kl``, the critic's values for PPO), in one call so that the batch travels to the workers once."""
-        needed = {"old": not on_policy, "ref": self.uses_reference, "values": self.uses_critic}
+        bypass = self.config.algorithm.rollout_correction_mode == "bypass"
+        if bypass:  # the engine's log-probs are the PPO old policy: no old-log-prob pass at all
+            batch["old_log_probs"] = batch["rollout_log_probs"]
+        needed = {"old": not (on_policy or bypass), "ref": self.uses_reference, "values": self.uses_critic}
         passes = [name for name, need in needed.items() if need]
         if not passes:
             return batch
@@ -238,22 +242,28 @@ class Trainer:
         return batch.union(experience)
 
     def _old_policy_metrics(self, batch: Batch) -> dict[str, float]:
-        """The rollout-vs-trainer ``rollout/`` metrics from the old log-probs; with ``algorithm.rollout_correction``
-        also its weights' metrics, and the weights attached to ``batch`` (the update reads them unless it computes
-        them itself, on-policy)."""
-        algorithm = self.config.algorithm
+        """The rollout-vs-trainer ``rollout/`` metrics from the old log-probs; with a rollout correction
+        (``algorithm.rollout_is`` / ``rollout_rs``, decoupled mode) or samples that carry their age (``staleness``,
+        or ``version_first`` of an asynchronous schedule) also the ``rollout_corr/`` metrics, and the correction
+        attached to ``batch``: ``rollout_is_weights`` and ``rollout_rs_mask`` (the update reads them unless it
+        computes them itself, on-policy). In bypass mode the old log-probs are the engine's: nothing to compare
+        here, the update reports ``rollout_corr/`` from the current policy."""
+        settings = self.config.algorithm.rollout_correction_settings()
+        if settings.bypass:
+            return {}
         old, rollout, mask = batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"]
-        if not algorithm.rollout_correction:
-            return prefixed("rollout", rollout_mismatch_metrics(old, rollout, mask))
-        weights, correction_metrics = rollout_correction_weights(
-            old,
-            rollout,
-            mask,
-            algorithm.rollout_correction,
-            algorithm.rollout_correction_threshold,
-        )
-        batch["rollout_is_weights"] = weights
-        return prefixed("rollout", correction_metrics)
+        metrics = prefixed("rollout", rollout_mismatch_metrics(old, rollout, mask))
+        ages = batch["staleness"] if "staleness" in batch else None
+        if ages is None and "version_first" in batch:  # train_step runs before global_step counts its step
+            ages = staleness(batch["version_first"], self.global_step + 1)
+        if not settings.active and ages is None:
+            return metrics
+        weights, kept, correction_metrics = rollout_correction(old, rollout, mask, settings, ages)
+        if weights is not None:
+            batch["rollout_is_weights"] = weights
+        if settings.rollout_rs:
+            batch["rollout_rs_mask"] = kept
+        return {**metrics, **correction_metrics}
 
     def _token_level_rewards(self, batch: Batch, rewards: Rewards) -> dict[str, float]:
         """Set ``token_level_scores`` (each score on its response's last valid token) and ``token_level_rewards``
@@ -315,7 +325,7 @@ class Trainer:
         if on_policy:
             update_fields = [*ACTOR_FIELDS, "advantages"]
             update_fields += [key for key in ("ref_log_probs",) if key in batch]
-            update_fields += ["rollout_log_probs"] if algorithm.rollout_correction else []
+            update_fields += ["rollout_log_probs"] if algorithm.rollout_correction_settings().active else []
             with timed(timings, "update"):
                 results = self.workers.run_split(
                     HybridWorker.update_actor_on_policy, batch.select(*update_fields), temperature, mini_batch_size
@@ -325,7 +335,9 @@ class Trainer:
             metrics.update(self._old_policy_metrics(batch))
         elif step > config.trainer.critic_warmup:
             update_fields = [*ACTOR_FIELDS, "old_log_probs", "advantages"]
-            update_fields += [key for key in ("ref_log_probs", "rollout_is_weights") if key in batch]
+            update_fields += [
+                key for key in ("ref_log_probs", "rollout_is_weights", "rollout_rs_mask") if key in batch
+            ]
             with timed(timings, "update"):
                 worker_metrics += self.workers.run_split(
                     HybridWorker.update_actor, batch.select(*update_fields), temperature, mini_batch_size

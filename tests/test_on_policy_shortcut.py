@@ -8,7 +8,8 @@ import pytest
 import torch
 from helpers import REPO, demo_config, training_batch
 
-from easyr1.algorithms import rollout_correction_weights, rollout_mismatch_metrics
+from easyr1.algorithms import rollout_correction, rollout_mismatch_metrics
+from easyr1.algorithms.rollout_correction import Bounds, CorrectionSettings
 from easyr1.config import load_config
 from easyr1.distributed.fsdp import data_parallel_mesh, full_tensor, shard_model
 from easyr1.models.loading import load_model
@@ -42,11 +43,24 @@ def build_actor(model_dir, actor_config) -> tuple[Actor, dict[str, torch.Tensor]
     return actor, gradients
 
 
-def driver_metrics(old, rollout, mask, correction: str | None, threshold: float) -> dict[str, float]:
-    """What the trainer logs under ``rollout/`` from the old log-probs (trainer._old_policy_metrics)."""
-    if correction is None:
-        return rollout_mismatch_metrics(old, rollout, mask)
-    return rollout_correction_weights(old, rollout, mask, correction, threshold)[1]
+# Weights truncated (the noise reaches exp(0.5) per token), and IcePop zeroing tokens while two rejection options
+# drop tokens and whole responses: each acts on these inputs (the test checks it).
+CORRECTIONS = {
+    "off": None,
+    "token_tis": CorrectionSettings("token", Bounds(None, 1.5)),
+    "seq_tis": CorrectionSettings("sequence", Bounds(None, 1.5)),
+    "icepop_token_k1_k3rs": CorrectionSettings(
+        "icepop", Bounds(0.8, 1.3), ("token_k1", "seq_mean_k3"), (Bounds(0.7, 1.4), Bounds(None, 0.06))
+    ),
+}
+
+
+def driver_metrics(old, rollout, mask, correction: CorrectionSettings | None) -> dict[str, float]:
+    """What the trainer logs from the old log-probs (trainer._old_policy_metrics)."""
+    metrics = rollout_mismatch_metrics(old, rollout, mask)
+    if correction is not None:
+        metrics.update(rollout_correction(old, rollout, mask, correction)[2])
+    return metrics
 
 
 @pytest.fixture(scope="module")
@@ -62,16 +76,16 @@ def setup(tiny_qwen2_5_vl_dir, tiny_dataset_dir):
 
 
 @pytest.mark.parametrize("padding_free", [False, True], ids=["padded", "padding_free"])
-@pytest.mark.parametrize("correction", [None, "token_tis", "seq_tis"])
-def test_shortcut_equals_separate_pass_then_update(setup, process_group, padding_free, correction):
+@pytest.mark.parametrize("name", list(CORRECTIONS))
+def test_shortcut_equals_separate_pass_then_update(setup, process_group, padding_free, name):
     model_dir, config, batch = setup
+    correction = CORRECTIONS[name]
     config.padding_free = padding_free
     # Uneven micro-batches (3 + 3 + 2), the same for the separate pass: it then runs the very same forwards, so any
     # difference is the shortcut's. (With another layout the separate pass's own float rounding shows: measured
     # 4.8e-7 at most in a log-prob, 8e-7 relative in a gradient, and ppo_kl 1.8e-8 where the shortcut's is 0.)
     config.micro_batch_size_per_device_for_update = 3
     config.micro_batch_size_per_device_for_experience = 3
-    threshold = 1.5  # some weights are truncated: the noise reaches exp(0.5) per token
     mask = batch["response_mask"]
     update_view = batch.select("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
     update_view = update_view.union(Batch(non_tensors={"multi_modal_inputs": batch["multi_modal_inputs"]}))
@@ -82,16 +96,18 @@ def test_shortcut_equals_separate_pass_then_update(setup, process_group, padding
     old = actor.compute_log_probs(update_view, 1.0, config.micro_batch_size_per_device_for_experience)
     separate_batch = update_view.union(Batch(tensors={"old_log_probs": old}))
     if correction is not None:
-        weights, _ = rollout_correction_weights(old, batch["rollout_log_probs"], mask, correction, threshold)
+        weights, kept, _ = rollout_correction(old, batch["rollout_log_probs"], mask, correction)
         separate_batch["rollout_is_weights"] = weights
+        if correction.rollout_rs:
+            separate_batch["rollout_rs_mask"] = kept
     separate = actor.update_policy(separate_batch, 1.0, len(batch))
-    separate.update(driver_metrics(old, batch["rollout_log_probs"], mask, correction, threshold))
+    separate.update(driver_metrics(old, batch["rollout_log_probs"], mask, correction))
 
     # the shortcut: one update that returns its own log-probs; the driver's metrics come from them
     actor, shortcut_gradients = build_actor(model_dir, config)
     shortcut_batch = update_view.union(Batch(tensors={"rollout_log_probs": batch["rollout_log_probs"]}))
-    shortcut, returned = actor.update_on_policy(shortcut_batch, 1.0, correction, threshold)
-    shortcut.update(driver_metrics(returned, batch["rollout_log_probs"], mask, correction, threshold))
+    shortcut, returned = actor.update_on_policy(shortcut_batch, 1.0, correction)
+    shortcut.update(driver_metrics(returned, batch["rollout_log_probs"], mask, correction))
 
     valid = mask.bool()
     torch.testing.assert_close(returned[valid], old[valid], rtol=RTOL, atol=ATOL)
@@ -99,7 +115,10 @@ def test_shortcut_equals_separate_pass_then_update(setup, process_group, padding
     for key, value in separate.items():
         assert shortcut[key] == pytest.approx(value, rel=RTOL, abs=ATOL), key
     if correction is not None:  # the weights really act: some are truncated, so the loss differs from no correction
-        assert separate["rollout_is_truncated_fraction"] > 0
+        assert separate["rollout_corr/rollout_is_ratio_fraction_high"] > 0
+    if correction is not None and correction.rollout_rs:  # the rejection really acts, and not on everything
+        assert 0 < separate["rollout_corr/rollout_rs_masked_fraction"] < 1
+        assert 0 < separate["rollout_corr/rollout_rs_seq_masked_fraction"] < 1
     assert separate_gradients.keys() == shortcut_gradients.keys() and len(separate_gradients) > 0
     for name, gradient in separate_gradients.items():
         torch.testing.assert_close(shortcut_gradients[name], gradient, rtol=RTOL, atol=ATOL * 10, msg=name)

@@ -19,9 +19,10 @@ from easyr1.algorithms import (
     compute_policy_loss_gspo_token,
     compute_policy_loss_sapo,
     get_policy_loss,
-    rollout_correction_weights,
+    rollout_correction,
     rollout_mismatch_metrics,
 )
+from easyr1.algorithms.rollout_correction import Bounds, CorrectionSettings
 from easyr1.errors import ConfigError
 
 
@@ -333,51 +334,18 @@ def test_every_loss_rejects_mismatched_shapes(name: str) -> None:
 # Rollout correction
 
 
-@pytest.mark.parametrize(("batch", "length"), SHAPES)
-@pytest.mark.parametrize("mode", ["token", "sequence", "token_tis", "seq_tis"])
-@pytest.mark.parametrize("threshold", [2.0, 1.05])
-def test_rollout_correction_weights_match_reference(batch: int, length: int, mode: str, threshold: float) -> None:
-    generator = torch.Generator().manual_seed(batch * 17 + length)
-    old = -torch.rand(batch, length, generator=generator, dtype=torch.float64) * 3
-    rollout = old + torch.randn(batch, length, generator=generator, dtype=torch.float64) * 0.3
-    mask = random_mask(batch, length, generator)
-    weights, metrics = rollout_correction_weights(old, rollout, mask, mode=mode, threshold=threshold)
-
-    o, r, m = old.tolist(), rollout.tolist(), mask.tolist()
-    expected, truncated, seq_truncated = [], [], []
-    for i in range(batch):
-        row_log_ratio = sum(o[i][t] - r[i][t] for t in range(length) if m[i][t])
-        row = []
-        for t in range(length):
-            raw = math.exp(row_log_ratio if mode in ("sequence", "seq_tis") else o[i][t] - r[i][t])
-            row.append(min(raw, threshold) if m[i][t] else 0.0)
-            if m[i][t]:
-                truncated.append(raw > threshold)
-        expected.append(row)
-        if any(m[i]):
-            seq_truncated.append(math.exp(row_log_ratio) > threshold)
-    for i in range(batch):
-        for t in range(length):
-            assert weights[i, t].item() == pytest.approx(expected[i][t], rel=1e-12)
-    if not any(truncated):
-        return  # every row empty: nothing else to compare
-    assert metrics["rollout_is_mean"] == pytest.approx(valid_token_mean(expected, m))
-    fraction = seq_truncated if mode in ("sequence", "seq_tis") else truncated
-    assert metrics["rollout_is_truncated_fraction"] == pytest.approx(sum(fraction) / len(fraction))
-    diffs = [[a - b for a, b in zip(o_row, r_row)] for o_row, r_row in zip(o, r)]
-    assert metrics["rollout_kl_k1"] == pytest.approx(valid_token_mean([[-d for d in row] for row in diffs], m))
-    k3 = [[math.exp(d) - d - 1 for d in row] for row in diffs]
-    assert metrics["rollout_kl_k3"] == pytest.approx(valid_token_mean(k3, m))
+# Each method against a written-out reference: tests/test_rollout_correction_menu.py.
 
 
 def test_rollout_correction_weights_scale_the_loss_without_gradient() -> None:
     old = torch.log(torch.tensor([[0.5, 0.4, 0.9]], dtype=torch.float64))
     rollout = torch.log(torch.tensor([[0.25, 0.4, 0.1]], dtype=torch.float64))
     mask = torch.ones(1, 3)
-    weights, metrics = rollout_correction_weights(old, rollout, mask, "token", threshold=4.0)
+    settings = CorrectionSettings(rollout_is="token", is_bounds=Bounds(None, 4.0))
+    weights, _, metrics = rollout_correction(old, rollout, mask, settings)
     torch.testing.assert_close(weights, torch.tensor([[2.0, 1.0, 4.0]], dtype=torch.float64))  # 9 truncated to 4
-    assert metrics["rollout_is_truncated_fraction"] == pytest.approx(1 / 3)
-    assert metrics["rollout_is_max"] == 4.0 and not weights.requires_grad
+    assert metrics["rollout_corr/rollout_is_ratio_fraction_high"] == pytest.approx(1 / 3)
+    assert metrics["rollout_corr/rollout_is_max"] == 4.0 and not weights.requires_grad
 
     new = old.clone().requires_grad_(True)
     adv = torch.ones(1, 3, dtype=torch.float64)
@@ -387,12 +355,13 @@ def test_rollout_correction_weights_scale_the_loss_without_gradient() -> None:
 
 
 def test_rollout_correction_handles_empty_rows_and_rejects_bad_settings() -> None:
-    weights, metrics = rollout_correction_weights(torch.zeros(2, 2), torch.full((2, 2), -5.0), torch.zeros(2, 2))
-    assert torch.all(weights == 0) and metrics["rollout_is_mean"] == 0.0
-    with pytest.raises(ConfigError, match="token_tis, seq_tis"):
-        rollout_correction_weights(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), mode="tis")
-    with pytest.raises(ConfigError, match="threshold must be positive"):
-        rollout_correction_weights(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), threshold=0.0)
+    settings = CorrectionSettings(rollout_is="sequence")
+    weights, mask, metrics = rollout_correction(
+        torch.zeros(2, 2), torch.full((2, 2), -5.0), torch.zeros(2, 2), settings
+    )
+    assert torch.all(weights == 0) and torch.all(mask == 0) and metrics["rollout_corr/rollout_is_mean"] == 0.0
+    with pytest.raises(ConfigError, match="token, sequence, icepop"):
+        rollout_correction(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), CorrectionSettings("tis"))
     with pytest.raises(ValueError, match="one \\(B, T\\) shape"):
         rollout_mismatch_metrics(torch.zeros(1, 2), torch.zeros(1, 3), torch.ones(1, 2))
 

@@ -57,7 +57,11 @@ from easyr1.algorithms.registry import Registry
 from easyr1.algorithms.rewards import place_scores_on_last_token, place_turn_rewards
 from easyr1.algorithms.rollout_correction import (
     ROLLOUT_CORRECTIONS,
-    rollout_correction_weights,
+    ROLLOUT_IS,
+    ROLLOUT_RS,
+    CorrectionSettings,
+    correction_settings,
+    rollout_correction,
     rollout_mismatch_metrics,
 )
 from easyr1.algorithms.turn_advantage import compute_turn_gae_advantages
@@ -72,6 +76,9 @@ __all__ = [
     "LOSS_AGGREGATIONS",
     "POLICY_LOSSES",
     "ROLLOUT_CORRECTIONS",
+    "ROLLOUT_IS",
+    "ROLLOUT_RS",
+    "CorrectionSettings",
     "AdaptiveKLController",
     "FixedKLController",
     "KLController",
@@ -113,6 +120,7 @@ __all__ = [
     "register_kl_estimator",
     "register_loss_aggregation",
     "register_policy_loss",
-    "rollout_correction_weights",
+    "correction_settings",
+    "rollout_correction",
     "rollout_mismatch_metrics",
 ]

@@ -1,7 +1,9 @@
 """The ``algorithm`` section: advantage estimator, KL regularisation and online filtering, with their checks.
 
-Names (estimators, KL estimators, KL controllers, rollout corrections) are checked against the registries in
-:mod:`easyr1.algorithms`, the only lists of them.
+Names (estimators, KL estimators, KL controllers, rollout correction methods) are checked against the registries
+in :mod:`easyr1.algorithms`, the only lists of them. The rollout correction's keys carry verl's names
+(``algorithm.rollout_correction.*`` there, flat here); :mod:`easyr1.algorithms.rollout_correction` resolves and
+checks them together.
 """
 
 from __future__ import annotations
@@ -11,9 +13,16 @@ from dataclasses import dataclass
 from easyr1.algorithms.advantage import ADV_ESTIMATORS
 from easyr1.algorithms.kl import KL_ESTIMATORS
 from easyr1.algorithms.kl_controller import KL_CONTROLLERS
-from easyr1.algorithms.rollout_correction import ROLLOUT_CORRECTIONS
+from easyr1.algorithms.rollout_correction import (
+    DEFAULT_IS_THRESHOLD,
+    ROLLOUT_IS,
+    ROLLOUT_RS,
+    CorrectionSettings,
+    correction_settings,
+    settings_problems,
+)
 from easyr1.config.fields import option
-from easyr1.config.rules import NON_NEGATIVE, POSITIVE, UNIT, one_of
+from easyr1.config.rules import NON_NEGATIVE, POSITIVE, POSITIVE_OR_NULL, UNIT, one_of
 
 
 @dataclass
@@ -37,12 +46,46 @@ class AlgorithmConfig:
     filter_low: float = option(0.01, "online filtering keeps groups whose mean score is above this")
     filter_high: float = option(0.99, "online filtering keeps groups whose mean score is below this")
     norm_adv_by_std: bool = option(True, "divide group-relative advantages by the group's std (false: Dr.GRPO)")
+    rollout_correction_mode: str = option(
+        "decoupled",
+        "decoupled (the trainer recomputes the old policy; rollout_is weights pi_old / pi_rollout act on the loss) or "
+        "bypass (the engine's log-probs are the old policy: no old-log-prob pass, PPO's ratio is pi_theta / "
+        "pi_rollout, weights are metrics only); verl's rollout_correction.bypass_mode",
+    )
+    rollout_is: str | None = option(
+        None,
+        f"importance weights against the rollout engine's log-probs: null (off), {', '.join(ROLLOUT_IS.names())} "
+        "(token / sequence TIS capped at rollout_is_threshold; icepop: 0 outside [rollout_is_threshold_lower, "
+        "rollout_is_threshold])",
+    )
+    rollout_is_threshold: float = option(
+        DEFAULT_IS_THRESHOLD, "cap of the TIS weights; IcePop's upper ratio bound (verl's default for IcePop: 5.0)"
+    )
+    rollout_is_threshold_lower: float | None = option(
+        None, "IcePop's lower ratio bound (null: 1 / rollout_is_threshold; verl's default: 0.5)"
+    )
+    rollout_rs: str | list[str] | None = option(
+        None,
+        f"rejection against the rollout engine: null (off), or one or more (a list, or comma-separated; all must "
+        f"keep a token) of {', '.join(ROLLOUT_RS.names())}; rejected tokens leave the loss",
+    )
+    rollout_rs_threshold: str | None = option(
+        None,
+        "bounds of rollout_rs, verl's format: one for all options or one per option, comma-separated; *_k1 take "
+        "ratio bounds low_high on 1 / ratio (or u for 1/u_u), *_k3 an upper bound; null: each option's preset "
+        "(token_k1 0.2_5.0, seq_sum_k1 0.5_2.0, seq_mean_k1 0.999_1.001, seq_mean_k3 0.01)",
+    )
     rollout_correction: str | None = option(
         None,
-        "truncated importance sampling against the rollout engine's log-probs: null (off), "
-        + ", ".join(ROLLOUT_CORRECTIONS),
+        "older shorthand of rollout_is: token_tis (rollout_is=token) or seq_tis (rollout_is=sequence); null: off",
     )
-    rollout_correction_threshold: float = option(2.0, "cap of the rollout-correction importance weights")
+    rollout_correction_threshold: float = option(
+        DEFAULT_IS_THRESHOLD, "older name of rollout_is_threshold (setting both to different values is refused)"
+    )
+
+    def rollout_correction_settings(self) -> CorrectionSettings:
+        """The rollout correction these keys configure, the shorthand resolved (ConfigError for a bad setting)."""
+        return correction_settings(self)
 
 
 # Value rules of single keys, relative to ``algorithm``.
@@ -55,6 +98,8 @@ ALGORITHM_RANGES = {
     "kl_horizon": POSITIVE,
     "kl_target": POSITIVE,
     "rollout_correction_threshold": POSITIVE,
+    "rollout_is_threshold": POSITIVE,
+    "rollout_is_threshold_lower": POSITIVE_OR_NULL,
 }
 
 
@@ -72,5 +117,5 @@ def check_algorithm_names(algo: AlgorithmConfig, problems: list[str]) -> None:
     one_of(problems, "algorithm.adv_estimator", algo.adv_estimator, ADV_ESTIMATORS.names())
     one_of(problems, "algorithm.kl_penalty", algo.kl_penalty, KL_ESTIMATORS.names())
     one_of(problems, "algorithm.kl_type", algo.kl_type, KL_CONTROLLERS.names())
-    if algo.rollout_correction is not None:
-        one_of(problems, "algorithm.rollout_correction", algo.rollout_correction, list(ROLLOUT_CORRECTIONS))
+    # the rollout correction's names, bounds and mode together (a threshold's meaning depends on the method)
+    problems.extend(settings_problems(algo))

@@ -25,9 +25,9 @@ from easyr1.algorithms import (
     kl_penalty,
     log_probs_from_logits,
     masked_mean,
-    rollout_correction_weights,
 )
 from easyr1.algorithms.logits import banned_token_bias, compile_allowed
+from easyr1.algorithms.rollout_correction import TOKEN_MEAN_METRICS, CorrectionSettings, rollout_correction
 from easyr1.models.vision_tower import vision_keepalive
 from easyr1.protocol import Batch, merge_vision_inputs
 from easyr1.workers.packing import (
@@ -265,12 +265,24 @@ class Actor:
             batch, micro_batch_size, self.config.dynamic_batching, getattr(self.config, "share_prompt", False)
         )
 
-    def update_policy(self, batch: Batch, temperature: float, mini_batch_size: int) -> dict[str, float]:
+    def update_policy(
+        self,
+        batch: Batch,
+        temperature: float,
+        mini_batch_size: int,
+        correction: CorrectionSettings | None = None,
+    ) -> dict[str, float]:
         """PPO epochs over mini-batches of ``mini_batch_size`` samples (this worker's share); returns mean metrics.
 
-        Needs ``old_log_probs``, ``advantages``, ``response_mask`` (and ``ref_log_probs`` with a KL loss).
+        Needs ``old_log_probs``, ``advantages``, ``response_mask`` (and ``ref_log_probs`` with a KL loss). The
+        driver's rollout correction arrives as ``rollout_is_weights`` (multiplying the per-token policy loss) and
+        ``rollout_rs_mask`` (the loss mask after rejection). A ``correction`` in bypass mode is computed here
+        instead, per micro-batch, from the current policy against ``old_log_probs`` (the engine's): its rejection
+        acts on the loss, its weights only on the ``rollout_corr/`` metrics.
         """
-        micro_loss = self._micro_loss(temperature)
+        micro_loss = self._micro_loss(
+            temperature, correction if correction is not None and correction.bypass else None
+        )
         metrics = self._update_loop().run(batch, mini_batch_size, self.config.ppo_epochs, micro_loss)
         return self._finish_update(metrics)
 
@@ -278,22 +290,22 @@ class Actor:
         self,
         batch: Batch,
         temperature: float,
-        rollout_correction: str | None = None,
-        rollout_correction_threshold: float = 2.0,
+        correction: CorrectionSettings | None = None,
     ) -> tuple[dict[str, float], torch.Tensor]:
         """One optimizer step on the whole batch, whose responses the current policy sampled (see
         :mod:`easyr1.on_policy`): the old log-probs are this forward's own, detached.
 
-        Needs ``advantages``, ``response_mask`` (``ref_log_probs`` with a KL loss; ``rollout_log_probs`` with a
-        ``rollout_correction``, whose weights are then computed here per micro-batch from the detached log-probs,
-        as the driver computes them from a separate pass). Returns the metrics and the detached (B, R) log-probs,
-        in the batch's row order, on the host.
+        Needs ``advantages``, ``response_mask`` (``ref_log_probs`` with a KL loss; ``rollout_log_probs`` with an
+        active ``correction``, whose weights and rejection mask are then computed here per micro-batch from the
+        detached log-probs, as the driver computes them from a separate pass: every method depends on one token or
+        one response, and the loss normaliser counts the tokens before rejection). Returns the metrics and the
+        detached (B, R) log-probs, in the batch's row order, on the host.
         """
         if "old_log_probs" in batch:
             raise ValueError("update_on_policy computes the old log-probs itself; the batch must not carry them")
         parts: list[tuple[list[int], torch.Tensor]] = []
-        correction = (rollout_correction, rollout_correction_threshold) if rollout_correction else None
-        micro_loss = self._micro_loss(temperature, correction, parts)
+        active = correction if correction is not None and correction.active else None
+        micro_loss = self._micro_loss(temperature, active, parts)
         metrics = self._update_loop().run(batch, len(batch), 1, micro_loss)
         return self._finish_update(metrics), in_original_order(parts)
 
@@ -319,15 +331,19 @@ class Actor:
     def _micro_loss(
         self,
         temperature: float,
-        correction: tuple[str, float] | None = None,
+        correction: CorrectionSettings | None = None,
         log_prob_parts: list[tuple[list[int], torch.Tensor]] | None = None,
     ) -> MicroLoss:
         """A micro-batch's policy loss (plus the KL loss and the entropy bonus where configured) and its metrics.
 
         Given ``log_prob_parts`` the update is on-policy (only :meth:`update_on_policy` asks for it): each
-        micro-batch's detached log-probs are its old ones, (with ``correction``, ``(mode, threshold)``) its
-        rollout-correction weights are computed from them, and they are appended to ``log_prob_parts`` with their
-        row indices. Otherwise the micro-batch carries ``old_log_probs``.
+        micro-batch's detached log-probs are its old ones and are appended to ``log_prob_parts`` with their row
+        indices. Otherwise the micro-batch carries ``old_log_probs``. Given ``correction`` (on-policy, or bypass
+        mode) the rollout correction is computed per micro-batch from this forward's detached log-probs against the
+        engine's; otherwise the driver's ``rollout_is_weights`` / ``rollout_rs_mask`` are read when present.
+
+        Rejected tokens leave every loss term (policy, KL, entropy), while the normalisers stay the mini-batch's
+        counts before rejection (:mod:`easyr1.algorithms.rollout_correction` says why).
         """
         config = self.config
         loss_params = PolicyLossParams(
@@ -347,34 +363,42 @@ class Actor:
             old_log_probs = log_probs.detach() if on_policy else micro["old_log_probs"]
             if on_policy:
                 log_prob_parts.append((rows, old_log_probs))
+            share = micro_mask.sum().item() / max(norm["num_global_tokens"] / world_size, 1.0)
+            weights = micro["rollout_is_weights"] if "rollout_is_weights" in micro else None
+            loss_mask = micro["rollout_rs_mask"] if "rollout_rs_mask" in micro else micro_mask
+            if correction is not None:
+                # bypass: the old log-probs are the engine's, compared with the current policy; on-policy: the
+                # current policy is the old one, compared with the engine's
+                behaviour = old_log_probs if correction.bypass else micro["rollout_log_probs"]
+                weights, loss_mask, corr_metrics = rollout_correction(
+                    log_probs.detach(), behaviour, micro_mask, correction
+                )
+                if correction.bypass:  # PPO's ratio already is pi_theta / pi_rollout: weights only as metrics
+                    weights = None
+                    for key in TOKEN_MEAN_METRICS.intersection(corr_metrics):
+                        sums[key] += corr_metrics[key] * share
             policy_loss = get_policy_loss(config.loss_type)(
-                old_log_probs, log_probs, micro["advantages"], micro_mask, loss_params
+                old_log_probs, log_probs, micro["advantages"], loss_mask, loss_params
             )
             loss_mat = policy_loss.loss_mat
-            if on_policy and correction is not None:  # the driver's weights, from this pass's old log-probs
-                weights, _ = rollout_correction_weights(
-                    old_log_probs, micro["rollout_log_probs"], micro_mask, correction[0], correction[1]
-                )
+            if weights is not None:  # importance weights towards the rollout policy
                 loss_mat = loss_mat * weights
-            elif "rollout_is_weights" in micro:  # truncated importance sampling towards the rollout policy
-                loss_mat = loss_mat * micro["rollout_is_weights"]
-            pg_loss = aggregate_loss(loss_mat, micro_mask, config.loss_agg_mode, **norm)
+            pg_loss = aggregate_loss(loss_mat, loss_mask, config.loss_agg_mode, **norm)
             loss = pg_loss
             if config.use_kl_loss and not config.disable_kl:
                 kl = kl_penalty(log_probs, micro["ref_log_probs"], config.kl_penalty)
-                kl_loss = aggregate_loss(kl, micro_mask, config.loss_agg_mode, **norm)
+                kl_loss = aggregate_loss(kl, loss_mask, config.loss_agg_mode, **norm)
                 loss = loss + config.kl_coef * kl_loss
                 sums["actor/kl_loss"] += kl_loss.item()
             if config.entropy_coeff:
-                entropy_loss = aggregate_loss(entropy, micro_mask, config.loss_agg_mode, **norm)
+                entropy_loss = aggregate_loss(entropy, loss_mask, config.loss_agg_mode, **norm)
                 loss = loss - config.entropy_coeff * entropy_loss
             # Every metric is this worker's share of a global mean, scaled by the world size (like the losses), so
             # the driver's mean over workers is the exact mean over the whole mini-batch.
             sums["actor/pg_loss"] += pg_loss.item()
-            weight = micro_mask.sum().item() / max(norm["num_global_tokens"] / world_size, 1.0)
-            sums["actor/entropy"] += masked_mean(entropy.detach(), micro_mask).item() * weight
+            sums["actor/entropy"] += masked_mean(entropy.detach(), micro_mask).item() * share
             for key, value in policy_loss.metrics.items():
-                sums[f"actor/{key}"] += float(value) * weight
+                sums[f"actor/{key}"] += float(value) * share
             return loss
 
         return micro_loss

@@ -460,7 +460,9 @@ class HybridWorker(Worker):
         self.actor.computed_tokens = 0  # counted by the forwards, for the MFU
         start = time.perf_counter()
         with self.actor_residency.on_device(optimizer=True):
-            metrics = self.actor.update_policy(batch, temperature, mini_batch_size)
+            # bypass mode: the rejection and the rollout_corr/ metrics come from the current policy, in the update
+            correction = self.config.algorithm.rollout_correction_settings()
+            metrics = self.actor.update_policy(batch, temperature, mini_batch_size, correction)
         return self._after_update(metrics, batch, time.perf_counter() - start)
 
     def update_actor_on_policy(
@@ -469,8 +471,8 @@ class HybridWorker(Worker):
         """One optimizer step on this rank's share, the old log-probs taken from the update's own forward (see
         :mod:`easyr1.on_policy`); returns the metrics and those log-probs (``old_log_probs``) in the share's order.
 
-        With ``algorithm.rollout_correction`` the batch carries ``rollout_log_probs`` and the weights are computed
-        in the update.
+        With a rollout correction (``algorithm.rollout_is`` / ``rollout_rs``) the batch carries
+        ``rollout_log_probs`` and the weights and rejection mask are computed in the update.
         """
         if len(batch) > mini_batch_size or self.config.worker.actor.ppo_epochs != 1:
             raise ValueError(
@@ -482,7 +484,7 @@ class HybridWorker(Worker):
         start = time.perf_counter()
         with self.actor_residency.on_device(optimizer=True):
             metrics, log_probs = self.actor.update_on_policy(
-                batch, temperature, algorithm.rollout_correction, algorithm.rollout_correction_threshold
+                batch, temperature, algorithm.rollout_correction_settings()
             )
         metrics = self._after_update(metrics, batch, time.perf_counter() - start)
         return metrics, Batch(tensors={"old_log_probs": log_probs})
