@@ -92,6 +92,8 @@ def check_schedule(config: Any, world_size: int, problems: list[str]) -> None:
                 f"workers: trainer.nnodes * trainer.n_gpus_per_node), got {schedule.generator_workers}: a split "
                 "needs at least one generator and one trainer"
             )
+        else:
+            _check_split_sizes(config, world_size, problems)
     elif schedule.generator_workers:
         problems.append(
             f"async_training.generator_workers={schedule.generator_workers} is only read with "
@@ -150,6 +152,38 @@ def _check_schedule_combinations(config: Any, problems: list[str]) -> None:
         )
 
 
+def _check_split_sizes(config: Any, world_size: int, problems: list[str]) -> None:
+    """A split's two groups: each spread evenly over the nodes, the generators in whole engines, the batches in
+    equal shares over the trainers (who compute experience and update; the generators pad their shares)."""
+    generators = config.async_training.generator_workers
+    trainers = world_size - generators
+    nnodes = config.trainer.nnodes
+    if generators % nnodes or trainers % nnodes:
+        problems.append(
+            f"async_training.generator_workers={generators} leaves {trainers} trainers; with trainer.nnodes={nnodes} "
+            "both groups must divide evenly over the nodes (each node holds its share of each); choose "
+            f"generator_workers as a multiple of {nnodes}"
+        )
+    tensor_parallel = config.worker.rollout.tensor_parallel_size
+    if tensor_parallel > 1 and generators % tensor_parallel:
+        problems.append(
+            f"async_training.generator_workers={generators} is not a multiple of "
+            f"worker.rollout.tensor_parallel_size={tensor_parallel}: the generators run whole engines of "
+            f"{tensor_parallel} workers each"
+        )
+    n = config.worker.rollout.n
+    for key, prompts in (
+        ("data.rollout_batch_size", config.data.rollout_batch_size),
+        ("worker.actor.global_batch_size", config.worker.actor.global_batch_size),
+    ):
+        if prompts >= 1 and n >= 1 and (prompts * n) % trainers:
+            problems.append(
+                f"{key}={prompts} times worker.rollout.n={n} is {prompts * n} samples, which do not split evenly "
+                f"over the {trainers} trainers of async_training.placement=split (the workers but the "
+                f"{generators} generators); choose sizes whose samples divide by {trainers}"
+            )
+
+
 def _check_partial_rollout_sizes(config: Any, world_size: int, problems: list[str]) -> None:
     """Every worker stops at its own share of the step's groups, so the sizes divide over the workers."""
     batch = config.data.rollout_batch_size
@@ -158,6 +192,17 @@ def _check_partial_rollout_sizes(config: Any, world_size: int, problems: list[st
         problems.append(
             f"async_training.in_flight_prompts={in_flight} is below data.rollout_batch_size={batch}: a step "
             f"trains on {batch} prompts' groups, so at least that many must be generating"
+        )
+    if in_flight % batch:
+        problems.append(
+            f"async_training.in_flight_prompts={in_flight} must be a multiple of data.rollout_batch_size={batch}: "
+            "prompts are admitted a batch at a time, as the steps train them"
+        )
+    if in_flight > (schedule_bound := config.async_training.max_staleness + 1) * batch:
+        problems.append(
+            f"async_training.in_flight_prompts={in_flight} is more than (max_staleness + 1) * data.rollout_batch_size "
+            f"= {schedule_bound * batch}: prompts would wait longer than the staleness bound allows before a step "
+            "can train them. Raise async_training.max_staleness or lower in_flight_prompts"
         )
     for key, value in (("data.rollout_batch_size", batch), ("async_training.in_flight_prompts", in_flight)):
         if value % world_size:
