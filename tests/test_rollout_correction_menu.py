@@ -1,5 +1,7 @@
 """The rollout-correction menu (token / sequence TIS, IcePop; Seq-MIS, Geo-RS, K3-RS, token k1 rejection), each
-against a written-out reference in plain python loops over rows and tokens; its config keys and their refusals."""
+against a written-out reference in plain python loops over rows and tokens; its config keys and their refusals; and
+in the actor's update (tiny model, one gloo rank in this process): rejection changes the loss with the count before
+rejection as normaliser, and bypass mode rejects in the update while its weights stay metrics."""
 
 from __future__ import annotations
 
@@ -7,8 +9,9 @@ import math
 
 import pytest
 import torch
-from helpers import REPO
+from helpers import REPO, demo_config, training_batch
 
+from easyr1.algorithms import masked_mean
 from easyr1.algorithms.rollout_correction import (
     ROLLOUT_IS,
     ROLLOUT_RS,
@@ -17,8 +20,12 @@ from easyr1.algorithms.rollout_correction import (
     rollout_correction,
 )
 from easyr1.config import load_config
+from easyr1.distributed.fsdp import data_parallel_mesh, shard_model
 from easyr1.errors import ConfigError
+from easyr1.models.loading import load_model
 from easyr1.on_policy import reuses_update_log_probs
+from easyr1.protocol import Batch
+from easyr1.workers.actor import Actor
 
 
 B, T = 6, 7
@@ -275,3 +282,75 @@ def test_bypass_turns_the_on_policy_shortcut_off():
     samples = decoupled.data.rollout_batch_size * decoupled.worker.rollout.n
     assert reuses_update_log_probs(decoupled, samples, 1, step=1)  # the menu works per micro-batch
     assert not reuses_update_log_probs(bypass, samples, 1, step=1)
+
+
+# ------------------------------------------------------------------------------------------- in the update
+@pytest.fixture(scope="module")
+def update_setup(tiny_qwen2_5_vl_dir, tiny_dataset_dir):
+    """8 image rows with random responses and advantages, their old log-probs from the actor's own pass (one
+    micro-batch, so the update's first forward gives the same values: PPO's ratio is 1), and engine log-probs
+    off those by up to 0.5 per token."""
+    config = demo_config(tiny_qwen2_5_vl_dir, tiny_dataset_dir).worker.actor
+    config.micro_batch_size_per_device_for_update = config.micro_batch_size_per_device_for_experience = 8
+    batch = training_batch(tiny_qwen2_5_vl_dir, tiny_dataset_dir, 8, seed=5)
+    torch.manual_seed(0)
+    old = Actor(load_model(str(tiny_qwen2_5_vl_dir), torch.float32), config).compute_log_probs(batch, 1.0, 8)
+    noise = 0.5 * torch.sin(torch.arange(old.numel(), dtype=torch.float32)).view_as(old)
+    batch["old_log_probs"] = old
+    batch["rollout_log_probs"] = (old + noise) * batch["response_mask"]
+    return tiny_qwen2_5_vl_dir, config, batch
+
+
+def one_update(setup, extra: dict[str, torch.Tensor], correction: CorrectionSettings | None = None):
+    """One optimizer step of a freshly loaded actor on the batch (with ``extra`` fields); returns its metrics."""
+    model_dir, config, batch = setup
+    torch.manual_seed(0)
+    model = load_model(str(model_dir), torch.float32)
+    shard_model(model, data_parallel_mesh("cpu"))
+    actor = Actor(model, config, torch.optim.SGD(model.parameters(), lr=1e-2))
+    view = batch.select(
+        "input_ids", "attention_mask", "position_ids", "responses", "response_mask", "old_log_probs", "advantages"
+    )
+    view = view.union(Batch(non_tensors={"multi_modal_inputs": batch["multi_modal_inputs"]}))
+    for key, value in extra.items():
+        view[key] = value
+    return actor.update_policy(view, 1.0, len(view), correction)
+
+
+def test_rejection_changes_the_update_and_keeps_the_pre_rejection_normaliser(update_setup, process_group):
+    _, _, batch = update_setup
+    mask = batch["response_mask"]
+    settings = CorrectionSettings(rollout_rs=("token_k1",), rs_bounds=(Bounds(0.7, 1.4),))
+    _, kept, metrics = rollout_correction(batch["old_log_probs"], batch["rollout_log_probs"], mask, settings)
+    assert 0 < metrics["rollout_corr/rollout_rs_masked_fraction"] < 1
+
+    full = one_update(update_setup, {})
+    rejected = one_update(update_setup, {"rollout_rs_mask": kept})
+    assert rejected["actor/pg_loss"] != pytest.approx(full["actor/pg_loss"], rel=1e-3)
+    # token-mean at ratio 1: the loss is -sum(A) over the kept tokens divided by all valid tokens (AReaL's count)
+    advantages = batch["advantages"]
+    kept_sum = sum(-advantages[i, t].item() for i in range(len(batch)) for t in range(mask.shape[1]) if kept[i, t])
+    assert rejected["actor/pg_loss"] == pytest.approx(kept_sum / mask.sum().item(), rel=1e-5)
+    # verl's count (the mask itself rewritten) differs by exactly N_kept / N_valid
+    rewritten = one_update(update_setup, {"response_mask": kept})
+    ratio = kept.sum().item() / mask.sum().item()
+    assert rejected["actor/pg_loss"] == pytest.approx(rewritten["actor/pg_loss"] * ratio, rel=1e-5)
+    nothing = one_update(update_setup, {"rollout_rs_mask": torch.zeros_like(mask)})
+    assert nothing["actor/pg_loss"] == 0.0 and nothing["actor/grad_norm"] == 0.0
+
+
+def test_bypass_rejects_in_the_update_and_keeps_weights_as_metrics(update_setup, process_group):
+    _, _, batch = update_setup
+    engine = {"old_log_probs": batch["rollout_log_probs"]}  # bypass: the engine's log-probs are the old policy
+    plain = one_update(update_setup, engine)
+    weighted = one_update(update_setup, engine, CorrectionSettings("token", Bounds(None, 1.2), mode="bypass"))
+    # PPO's ratio already is pi_theta / pi_rollout: the weights change no loss, only report the mismatch
+    assert weighted["actor/pg_loss"] == pytest.approx(plain["actor/pg_loss"], rel=1e-12)
+    current, mask = batch["old_log_probs"], batch["response_mask"]
+    expected_kl = masked_mean(batch["rollout_log_probs"].double() - current.double(), mask).item()
+    assert weighted["rollout_corr/kl"] == pytest.approx(expected_kl, rel=1e-4)
+    assert weighted["rollout_corr/rollout_is_mean"] < 1.2
+    rejecting = CorrectionSettings(rollout_rs=("token_k1",), rs_bounds=(Bounds(0.7, 1.4),), mode="bypass")
+    rejected = one_update(update_setup, engine, rejecting)
+    assert rejected["actor/pg_loss"] != pytest.approx(plain["actor/pg_loss"], rel=1e-3)
+    assert 0 < rejected["rollout_corr/rollout_rs_masked_fraction"] < 1
