@@ -135,7 +135,7 @@ def test_algorithm_runs_three_steps(name, tiny_qwen2_5_vl_dir, tiny_dataset_dir,
         assert records[0]["actor/kl_coef"] == pytest.approx(0.05)
         assert records[1]["actor/kl_coef"] != records[0]["actor/kl_coef"]  # the controller moved it
     if name == "rollout_correction":
-        assert "rollout/rollout_is_mean" in records[0]
+        assert "rollout_corr/rollout_is_mean" in records[0]
     if name == "dapo_filtering":
         # uninformative groups are dropped and more prompts generated until the batch is full again
         assert all(record["filter/rounds"] >= 1 for record in records)
