@@ -34,6 +34,7 @@ from easyr1.models.loading import load_model_config, load_tokenizer_and_processo
 from easyr1.reward import LocalRewardScorer, RewardScorer, load_reward_function
 from easyr1.reward.timed import timed_reward_function
 from easyr1.schedules.one_step_off import OneStepOffStage
+from easyr1.schedules.partial_rollout import PartialRolloutStage
 from easyr1.stages.multi_turn import EpisodeSeeds, MultiTurnStage
 from easyr1.stages.single_turn import SingleTurnStage
 from easyr1.trainer import Trainer
@@ -147,6 +148,9 @@ def build_trainer(config: PPOConfig, inputs: RunInputs | None = None) -> Trainer
             workers.run_all(HybridWorker.init_models)
         if config.env.enabled:
             stage: Any = MultiTurnStage(config, workers, tokenizer, inputs.processor, inputs.model_config)
+        elif config.async_training.schedule == "partial_rollout":
+            scorer = start_scorer(config, inputs.reward_fn)
+            stage = PartialRolloutStage(config, workers, scorer, prompts, tokenizer, inputs.val_dataset)
         elif config.async_training.schedule == "one_step_off":
             scorer = start_scorer(config, inputs.reward_fn)
             stage = OneStepOffStage(config, workers, generators, scorer, prompts, tokenizer, inputs.val_dataset)

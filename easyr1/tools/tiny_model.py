@@ -356,6 +356,7 @@ def build_tiny_model(
     num_heads: int | None = None,
     num_kv_heads: int | None = None,
     extra_words: Sequence[str] = (),
+    stop_tokens: int = 0,
 ) -> Path:
     """Write a tiny random ``family`` model, its tokenizer, processor (vision families) and generation config
     into ``out_dir``.
@@ -364,7 +365,10 @@ def build_tiny_model(
     ``hidden_size``); the defaults build the 0.8 M-parameter model the demo and the tests use. ``num_heads``
     defaults to ``hidden_size // 32`` (head_dim 32), ``num_kv_heads`` to half of it. The same seed and sizes give
     byte-identical weights. ``extra_words`` become single tokens of the tokenizer (the agent demo's action words);
-    the default builds the shape demo's tokenizer. Returns ``out_dir`` as a Path.
+    the default builds the shape demo's tokenizer. ``stop_tokens=K``: K more tokens (the first K of the BPE
+    vocabulary) end a response, as EOS does (``generation_config.eos_token_id``): a random model then stops after a
+    roughly geometric number of tokens, the long-tailed lengths the schedule benches and tests need (a random model
+    otherwise almost never samples EOS). Returns ``out_dir`` as a Path.
     """
     heads = num_heads if num_heads is not None else max(hidden_size // 32, 1)
     shape = TextShape(
@@ -390,7 +394,8 @@ def build_tiny_model(
         model = model_class.from_config(config, dtype=torch.float32)
     eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=[eos_id, pad_id], pad_token_id=pad_id)
+    stops = [eos_id, pad_id, *range(stop_tokens)]
+    model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=stops, pad_token_id=pad_id)
     model.save_pretrained(out_dir, safe_serialization=True)
     if family in VISION_FAMILIES:
         _processor(family, tokenizer).save_pretrained(out_dir)
@@ -407,6 +412,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hidden-size", type=int, default=128, help="language model width (head_dim stays 32)")
     parser.add_argument("--num-layers", type=int, default=2, help="language model layers")
     parser.add_argument("--intermediate-size", type=int, default=256, help="language model MLP width")
+    parser.add_argument("--stop-tokens", type=int, default=0, help="more tokens that end a response, as EOS does")
     args = parser.parse_args(argv)
     path = build_tiny_model(
         args.out_dir,
@@ -415,6 +421,7 @@ def main(argv: list[str] | None = None) -> None:
         hidden_size=args.hidden_size,
         num_layers=args.num_layers,
         intermediate_size=args.intermediate_size,
+        stop_tokens=args.stop_tokens,
     )
     print(f"wrote a tiny {args.family} model to {path}")
 

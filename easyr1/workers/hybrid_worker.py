@@ -41,7 +41,7 @@ from easyr1.distributed.precision import Precision, resolve_precision
 from easyr1.distributed.tensor_parallel import TensorParallelGroup
 from easyr1.distributed.weight_push import PushStats, WeightPushGroup
 from easyr1.distributed.worker import Worker, device_type
-from easyr1.engines import EngineSetup, RolloutEngine, SamplingSettings, build_engine, engine_traits
+from easyr1.engines import EngineSetup, RolloutEngine, SamplingSettings, StopRule, build_engine, engine_traits
 from easyr1.logging.perf import device_peak_flops, memory_metrics, model_flops_utilization
 from easyr1.models.loading import (
     DTYPES,
@@ -362,14 +362,18 @@ class HybridWorker(Worker):
         with self._engine_weights() as named_parameters:
             return sum(tensor.double().sum().item() for _, tensor in named_parameters)
 
-    def generate(self, prompts: Batch, sampling: dict[str, Any], stay_awake: bool = False) -> Batch:
+    def generate(
+        self, prompts: Batch, sampling: dict[str, Any], stay_awake: bool = False, stop_groups: int | None = None
+    ) -> Batch:
         """Sample one response per row (rows are already repeated ``n`` times by the driver).
 
         ``prompts['sample_seed']`` gives every row its own sampling seed, so a step can be replayed exactly.
         The members of a tensor-parallel group generate their pooled rows together; each returns its own.
         Order: wake the weights, push the actor's weights if they changed or the engine discarded them in its
         last sleep, wake the KV cache, generate, sleep. ``stay_awake`` skips the sleep: a multi-turn stage generates
-        again at once (the next turn) and calls :meth:`sleep_engine` after its last turn.
+        again at once (the next turn) and calls :meth:`sleep_engine` after its last turn. ``stop_groups`` (partial
+        rollout): this rank's rows may stop once that many of their groups are complete (``StopRule``; a
+        tensor-parallel group stops at the sum of its members').
         """
         rows, own_rows = self.tensor_parallel.gather_rows(prompts)
         self.engine.wake_weights()
@@ -377,7 +381,8 @@ class HybridWorker(Worker):
         sync_seconds = self.sync_engine_weights() if needs_sync else 0.0
         self.engine.wake_kv_cache()
         start = time.perf_counter()
-        output = self.engine.generate(rows, SamplingSettings(**sampling), rows["sample_seed"].tolist())
+        stop = None if stop_groups is None else StopRule(stop_groups * self.tensor_parallel.size)
+        output = self.engine.generate(rows, SamplingSettings(**sampling), rows["sample_seed"].tolist(), stop)
         generate_seconds = time.perf_counter() - start
         if not stay_awake and self.role != GENERATOR:  # a generator's engine stays awake: nothing else uses its device
             self.engine.sleep()
