@@ -48,8 +48,9 @@ class RolloutStage(Protocol):
     """Training rows per sample (the unit of ``global_batch_size * n``): more than 1 when a sample is split into
     rows (an agent's turns with ``env.context=latest``)."""
 
-    def collect(self, prompts: Batch, step: int) -> ScoredSamples:
-        """Sample and score responses to ``prompts`` for training step ``step``."""
+    def collect(self, prompts: Batch | None, step: int) -> ScoredSamples:
+        """Sample and score responses to ``prompts`` for training step ``step`` (``None`` for a stage with
+        ``draws_prompts = True``, an asynchronous schedule that draws from the prompt stream itself)."""
         ...
 
     def validate(self, step: int) -> Validation:
