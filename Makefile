@@ -6,7 +6,7 @@ export OMP_NUM_THREADS ?= 1
 # compile torch, transformers, vLLM and easyr1 from source again, ~10 s each.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install install-gpu demo demo-agent test test-fast bench-faults quality style clean
+.PHONY: install install-gpu demo demo-agent test test-fast bench-faults bench-async quality style clean
 
 install:
 	bash scripts/install_cpu.sh
@@ -56,6 +56,11 @@ test-fast: install
 # run), each resumed and compared with an uninterrupted run (bench/README.md); 15-30 minutes on 2 cores. SEED=N.
 bench-faults: install
 	PYTHONPATH=$$PWD $(PYTHON) bench/faults_kill_sweep.py --seed $${SEED:-0}
+
+# sync vs one_step_off (1 + 1 split) vs partial_rollout on long-tailed lengths at 0.8 M and 15 M, interleaved; ends
+# with `async-vs-sync: ...` (bench/README.md); ~25 minutes on 2 cores. `--correction` is the correction comparison.
+bench-async: install
+	PYTHONPATH=$$PWD $(PYTHON) bench/bench_async.py
 
 quality: install
 	$(PYTHON) -m ruff check easyr1 tests scripts bench reward_function
