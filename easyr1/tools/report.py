@@ -1,7 +1,8 @@
 """A report of a run that opens in any browser without a server: PNG plots of the main curves and a page of
 rollouts — per logged step, the image(s), the prompt, and each response with its reward and sub-scores; for an
 agent run, each response's episode turn by turn (the observation's images, the model's text, the parsed action,
-the reward) with its return, success and truncation.
+the reward) with its return, success and truncation. A run under an asynchronous schedule (``async/`` metrics) gets
+a panel of its own: staleness, partial spans, waiting, tokens/s and the train-vs-engine mismatch per sample age.
 
     python -m easyr1.tools.report EXPERIMENT_DIR      (the run's trainer.log_dir, where metrics.jsonl is)
 
@@ -35,6 +36,28 @@ PLOTS = (
     ("step_time", "Seconds per step", ("timing/step",)),
 )
 
+# The asynchronous schedule's panel (easyr1.schedules), drawn only for a run that logged ``async/`` metrics.
+ASYNC_PLOTS = (
+    ("async_staleness", "Sample staleness (weight versions)", ("async/staleness/mean", "async/staleness/max")),
+    (
+        "async_span",
+        "Partial responses: versions spanned, share continued",
+        ("async/span/mean", "async/span/max", "async/partial_ratio"),
+    ),
+    (
+        "async_waiting",
+        "Share of the step spent waiting",
+        ("async/trainer_wait_ratio", "async/generator_idle_ratio"),
+    ),
+    ("async_tokens_per_second", "Tokens per second", ("throughput/tokens_per_second",)),
+)
+# (file name, title, metric under rollout_corr/by_staleness/<s>/): one curve per sample age s
+MISMATCH_PLOTS = (
+    ("async_mismatch_gap", "Train vs engine |log-prob gap| by staleness", "log_prob_gap"),
+    ("async_mismatch_k3_kl", "Train vs engine k3 KL by staleness", "k3_kl"),
+)
+BY_STALENESS = re.compile(r"rollout_corr/by_staleness/([0-9]+)/(.+)")
+
 
 def read_jsonl(path: Path) -> list[dict]:
     """The JSON objects of a .jsonl file, skipping a last line cut short by a crash."""
@@ -49,42 +72,81 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def write_plots(records: list[dict], out_dir: Path) -> list[Path]:
     """One PNG per entry of :data:`PLOTS` that has data; returns the files written."""
+    return [path for name, title, keys in PLOTS if (path := _plot(records, out_dir, name, title, keys)) is not None]
+
+
+def has_async_metrics(records: list[dict]) -> bool:
+    """Whether the run trained under an asynchronous schedule (its steps logged ``async/`` metrics)."""
+    return any(isinstance(record, dict) and any(key.startswith("async/") for key in record) for record in records)
+
+
+def write_async_plots(records: list[dict], out_dir: Path) -> list[Path]:
+    """The asynchronous schedule's panel: one PNG per entry of :data:`ASYNC_PLOTS` and :data:`MISMATCH_PLOTS` that
+    has data; nothing for a run without ``async/`` metrics (a synchronous run). Returns the files written."""
+    if not has_async_metrics(records):
+        return []
+    written = [path for name, title, keys in ASYNC_PLOTS if (path := _plot(records, out_dir, name, title, keys))]
+    ages = sorted(
+        {
+            (int(match[1]), match[2])
+            for record in records
+            if isinstance(record, dict)
+            for key in record
+            if (match := BY_STALENESS.fullmatch(key))
+        }
+    )
+    for name, title, metric in MISMATCH_PLOTS:
+        keys = tuple(f"rollout_corr/by_staleness/{age}/{metric}" for age, logged in ages if logged == metric)
+        labels = {f"rollout_corr/by_staleness/{age}/{metric}": f"staleness {age}" for age, _ in ages}
+        if (path := _plot(records, out_dir, name, title, keys, labels)) is not None:
+            written.append(path)
+    return written
+
+
+def _plot(
+    records: list[dict],
+    out_dir: Path,
+    name: str,
+    title: str,
+    keys: tuple[str, ...],
+    labels: dict[str, str] | None = None,
+) -> Path | None:
+    """``out_dir/<name>.png``: a curve over the steps per key of ``keys`` (its legend ``labels[key]``, else the key);
+    ``None`` (nothing written) when no key has a value."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
-    written = []
-    for name, title, keys in PLOTS:
-        # a point per record with a finite step and value: a NaN or infinite value (or a line of another shape)
-        # leaves a gap in its curve, not a missing plot
-        series = {
-            key: [
-                (step, value)
-                for record in records
-                if isinstance(record, dict)
-                and (step := _finite(record.get("step"))) is not None
-                and (value := _finite(record.get(key))) is not None
-            ]
-            for key in keys
-        }
-        series = {key: points for key, points in series.items() if points}
-        if not series:
-            continue
-        figure, axes = plt.subplots(figsize=(6, 3.5), dpi=100)
-        for key, points in series.items():
-            steps, values = zip(*points)
-            axes.plot(steps, values, marker="o" if len(points) < 30 else None, markersize=3, label=key)
-        axes.set_title(title)
-        axes.set_xlabel("step")
-        axes.grid(alpha=0.3)
-        axes.legend(fontsize=8)
-        figure.tight_layout()
-        path = out_dir / f"{name}.png"
-        figure.savefig(path)
-        plt.close(figure)
-        written.append(path)
-    return written
+    # a point per record with a finite step and value: a NaN or infinite value (or a line of another shape)
+    # leaves a gap in its curve, not a missing plot
+    series = {
+        key: [
+            (step, value)
+            for record in records
+            if isinstance(record, dict)
+            and (step := _finite(record.get("step"))) is not None
+            and (value := _finite(record.get(key))) is not None
+        ]
+        for key in keys
+    }
+    series = {key: points for key, points in series.items() if points}
+    if not series:
+        return None
+    figure, axes = plt.subplots(figsize=(6, 3.5), dpi=100)
+    for key, points in series.items():
+        steps, values = zip(*points)
+        label = (labels or {}).get(key, key)
+        axes.plot(steps, values, marker="o" if len(points) < 30 else None, markersize=3, label=label)
+    axes.set_title(title)
+    axes.set_xlabel("step")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    path = out_dir / f"{name}.png"
+    figure.savefig(path)
+    plt.close(figure)
+    return path
 
 
 # The row colour of a score that is not a finite number (NaN, inf, missing or not a number): a plain grey that
@@ -263,14 +325,23 @@ def write_report(experiment_dir: str | Path) -> Path:
         raise UserError(f"{experiment_dir} has no metrics.jsonl; pass a run's trainer.log_dir (with the file logger)")
     out_dir = experiment_dir / "report"
     out_dir.mkdir(exist_ok=True)
-    plots = write_plots(read_jsonl(metrics_file), out_dir)
+    records = read_jsonl(metrics_file)
+    plots = write_plots(records, out_dir)
+    async_plots = write_async_plots(records, out_dir)
     rollouts_file = experiment_dir / "rollouts.jsonl"
     steps = read_jsonl(rollouts_file) if rollouts_file.is_file() else []
     plot_tags = "".join(f'<img src="{path.name}" alt="{path.stem}">' for path in plots)
+    async_panel = (
+        "<h1>Asynchronous schedule</h1><div class='plots async'>"
+        + "".join(f'<img src="{path.name}" alt="{path.stem}">' for path in async_plots)
+        + "</div>"
+        if async_plots
+        else ""
+    )
     page = (
         f"<!doctype html><html><head><meta charset=utf-8><title>easyr1 report: {html.escape(experiment_dir.name)}"
         f"</title><style>{_STYLE}</style></head><body><h1>{html.escape(experiment_dir.name)}</h1>"
-        f"<div class=plots>{plot_tags}</div><h1>Rollouts</h1>"
+        f"<div class=plots>{plot_tags}</div>{async_panel}<h1>Rollouts</h1>"
         f"{rollouts_html(steps) if steps else '<p>no rollouts logged (trainer.rollouts_to_log=0)</p>'}"
         "</body></html>"
     )
