@@ -16,6 +16,12 @@ be read from the picture and the reward must stay near the image-blind ceiling o
 
 There ``--shuffle-images`` shows every observation another episode's image (``env.shuffle_images``): the
 image-blind control.
+
+``python -m easyr1.tools.demo --schedule NAME [--seed S]`` trains the shape demo under an asynchronous schedule
+(``async_training.schedule``; ``one_step_off`` on a split of one generator and one trainer, ``partial_rollout`` on
+the two colocated workers) and ends with::
+
+    demo-async: schedule=<name> reward_first=<x> reward_last=<y> steps=<N> seconds=<wall>
 """
 
 from __future__ import annotations
@@ -35,6 +41,12 @@ from easyr1.tools.demo_assets import DEMO_ROOT, prepare_demo_assets
 
 DEMO_CONFIG = "examples/config_cpu.yaml"
 AGENT_DEMO_CONFIG = "examples/config_agent_cpu.yaml"
+# the async_training keys each schedule of --schedule sets on the demo's two workers
+SCHEDULE_OVERRIDES = {
+    "sync": [],
+    "one_step_off": ["async_training.placement=split", "async_training.generator_workers=1"],
+    "partial_rollout": [],
+}
 
 
 def write_shuffled_copy(train_file: str, out_dir: Path, seed: int) -> Path:
@@ -66,19 +78,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1, help="seed for data order, sampling and initialisation")
     parser.add_argument("--shuffle-images", action="store_true", help="control run: images shuffled across prompts")
     parser.add_argument("--env", help="train the agent demo in this environment (target) instead")
+    parser.add_argument(
+        "--schedule",
+        choices=sorted(SCHEDULE_OVERRIDES),
+        help="train under this async_training.schedule (one_step_off: 1 generator + 1 trainer) and print demo-async",
+    )
     parser.add_argument("overrides", nargs="*", help="extra config overrides, key=value")
     args = parser.parse_args(argv)
     if args.env:
+        if args.schedule:
+            parser.error("--schedule trains the shape demo, not the agent demo: drop --env or --schedule")
         return agent_demo(args, start)
 
     from easyr1.config import load_config
 
+    schedule = f"_{args.schedule}" if args.schedule else ""
     overrides = [
         f"config={DEMO_CONFIG}",
         f"data.seed={args.seed}",
         f"trainer.seed={args.seed}",
         f"worker.rollout.seed={args.seed}",
-        f"trainer.experiment_name=shape_color_grpo_seed{args.seed}",
+        f"trainer.experiment_name=shape_color_grpo{schedule}_seed{args.seed}",
+        *schedule_overrides(args.schedule),
         # each demo run trains from scratch; pass trainer.find_last_checkpoint=true to continue an interrupted one
         "trainer.find_last_checkpoint=false",
         # greedy answers on the 128 held-out images before training and every 50 steps
@@ -94,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             shuffled = write_shuffled_copy(config.data.train_files, DEMO_ROOT / "shuffled", args.seed)
             overrides += [
                 f"data.train_files={shuffled}",
-                f"trainer.experiment_name=shape_color_shuffled_seed{args.seed}",
+                f"trainer.experiment_name=shape_color{schedule}_shuffled_seed{args.seed}",
             ]
     except UserError as error:
         print(f"easyr1: error: {error}", file=sys.stderr)
@@ -115,10 +136,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"report (plots and rollouts with their images, open in a browser): {report}")
     final_actor = Path(config.trainer.save_checkpoint_path) / f"global_step_{len(history)}" / "actor"
     print(f"final checkpoint: {final_actor} (export: python scripts/model_merger.py --local_dir {final_actor})")
-    label = "demo-control" if args.shuffle_images else "demo"
+    label = "demo-async" if args.schedule else "demo"
+    label += "-control" if args.shuffle_images else ""
     seconds = time.time() - start
-    print(f"{label}: reward_first={first:.3f} reward_last={last:.3f} steps={len(history)} seconds={seconds:.0f}")
+    named = f" schedule={args.schedule}" if args.schedule else ""
+    print(
+        f"{label}:{named} reward_first={first:.3f} reward_last={last:.3f} steps={len(history)} seconds={seconds:.0f}"
+    )
     return 0
+
+
+def schedule_overrides(schedule: str | None) -> list[str]:
+    """The ``async_training`` overrides of ``--schedule`` (none without it: the config's own schedule)."""
+    if schedule is None:
+        return []
+    return [f"async_training.schedule={schedule}", *SCHEDULE_OVERRIDES[schedule]]
 
 
 def train(overrides: list[str]) -> tuple[Any, Path, list[dict[str, float]]] | None:
