@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -119,6 +120,17 @@ SUMMARY_KEYS = (
     "async/trainer_wait_ratio",
     "async/generator_idle_ratio",
     "batch/samples",
+)
+
+
+# the step's phases printed per schedule (label, metric): gen is the whole generation as the driver waited for it,
+# engine the engine's generate call on the first worker, weight sync the update's weights into the colocated engine
+PHASES = (
+    ("gen", "timing/gen"),
+    ("engine", "timing/engine"),
+    ("weight sync", "timing/sync"),
+    ("experience", "timing/experience"),
+    ("update", "timing/update"),
 )
 
 
@@ -267,6 +279,35 @@ def speed(args: argparse.Namespace) -> None:
                         f"{run.seconds:.0f} s in all",
                         flush=True,
                     )
+    results = report(runs, sizes, window)
+    results["seconds"] = time.time() - began
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"async-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps(results, indent=1))
+    print(f"\nresults: {out} ({results['seconds'] / 60:.1f} min)")
+    print(results["better_line"])
+    print(results["last_line"])
+
+
+def load_runs(path: Path) -> tuple[list[Run], list[str], list[int]]:
+    """The runs, sizes and timed steps of a saved result file."""
+    saved = json.loads(path.read_text())
+    runs = []
+    for size_out in saved["sizes"].values():
+        for schedule, entry in size_out.items():
+            if schedule == "ratios":
+                continue
+            for raw in entry["runs"]:
+                run = Run(**raw)
+                run.step_wall = {int(step): seconds for step, seconds in raw["step_wall"].items()}
+                runs.append(run)
+    return runs, list(saved["sizes"]), saved["window"]
+
+
+def report(runs: list[Run], sizes: list[str], window: list[int]) -> dict:
+    """Print a table per size; the results as a dict, with the last two lines under ``better_line`` and
+    ``last_line``."""
+    names = list(SCHEDULES)
     results: dict = {"sizes": {}, "window": window, "settings": {"common": COMMON, "schedules": SCHEDULES}}
     best_line = {}
     for size in sizes:
@@ -294,8 +335,11 @@ def speed(args: argparse.Namespace) -> None:
             line += f" (from timing/step {fmt(quartiles([t for _, t in rates]))})"
             print(line)
             parts = [
-                f"gen {stats['timing/gen']:.2f} s" if "timing/gen" in stats else "",
-                f"update {stats.get('timing/update', float('nan')):.2f} s",
+                *(
+                    f"{label} {stats[key]:.3f} s"
+                    for label, key in PHASES
+                    if not math.isnan(stats[key]) and (stats[key] > 0 or key != "timing/sync")
+                ),
                 f"response length mean {stats['response_length/mean']:.1f} max {stats['response_length/max']:.0f}"
                 f" clipped {stats['response_length/clip_ratio']:.3f}",
             ]
@@ -331,13 +375,9 @@ def speed(args: argparse.Namespace) -> None:
         if ratios:
             best = max(ratios, key=lambda s: statistics.median(ratios[s]))
             best_line[size] = (best, statistics.median(ratios[best]))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"async-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    results["seconds"] = time.time() - began
-    out.write_text(json.dumps(results, indent=1))
-    print(f"\nresults: {out} ({results['seconds'] / 60:.1f} min)")
-    print("better async schedule: " + " ".join(f"{size}={best}" for size, (best, _) in best_line.items()))
-    print("async-vs-sync: " + " ".join(f"{size}={ratio:.2f}" for size, (_, ratio) in best_line.items()))
+    results["better_line"] = "better async schedule: " + " ".join(f"{size}={b}" for size, (b, _) in best_line.items())
+    results["last_line"] = "async-vs-sync: " + " ".join(f"{size}={r:.2f}" for size, (_, r) in best_line.items())
+    return results
 
 
 def correction(args: argparse.Namespace) -> None:
@@ -403,12 +443,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="0.8M,15M", help="comma-separated, of " + ", ".join(SIZES))
     parser.add_argument("--reps", type=int, default=3, help="repetitions of every (size, schedule)")
-    parser.add_argument("--steps", type=int, default=10, help="steps per run (the last one is not timed)")
-    parser.add_argument("--warmup", type=int, default=3, help="steps not timed at the start of each run")
+    parser.add_argument("--steps", type=int, default=8, help="steps per run (the last one is not timed)")
+    parser.add_argument("--warmup", type=int, default=2, help="steps not timed at the start of each run")
     parser.add_argument("--correction", action="store_true", help="the correction comparison instead")
     parser.add_argument("--correction-steps", type=int, default=20)
+    parser.add_argument("--analyse", type=Path, default=None, help="print the tables of a saved async-*.json again")
     args = parser.parse_args()
-    if args.correction:
+    if args.analyse:
+        runs, sizes, window = load_runs(args.analyse)
+        results = report(runs, sizes, window)
+        print(results["better_line"])
+        print(results["last_line"])
+    elif args.correction:
         correction(args)
     else:
         speed(args)
