@@ -66,6 +66,20 @@ class AsyncConfig:
         return self.schedule != "sync"
 
 
+def generating_prompts(config: Any) -> int:
+    """Prompts whose responses generate at once: the pool of ``partial_rollout``, else one rollout batch."""
+    schedule = config.async_training
+    if schedule.schedule == "partial_rollout":
+        return schedule.in_flight_prompts or 2 * config.data.rollout_batch_size
+    return config.data.rollout_batch_size
+
+
+def generating_workers(config: Any) -> int:
+    """Workers that run an engine: the generators of a split placement, else every worker."""
+    schedule = config.async_training
+    return schedule.generator_workers if schedule.placement == "split" else config.world_size
+
+
 # Value rules of single keys, relative to ``async_training``.
 ASYNC_RANGES = {
     "generator_workers": NON_NEGATIVE,

@@ -423,12 +423,15 @@ class VLLMEngine:
 
 
 def kv_cache_bytes(config: Any, dtype: torch.dtype) -> int:
-    """The CPU engine's KV cache: ``worker.rollout.cpu_kv_cache_gb``, or (null) enough for one engine's share of a
-    rollout batch at ``max_model_len`` (its data-parallel share, pooled over its tensor-parallel group)."""
+    """The CPU engine's KV cache: ``worker.rollout.cpu_kv_cache_gb``, or (null) enough for one engine's share of
+    the responses generating at once at ``max_model_len`` (a rollout batch, or partial_rollout's pool; shared by the
+    engines: every worker, or a split placement's generators; pooled over a tensor-parallel group)."""
+    from easyr1.config.schedule import generating_prompts, generating_workers
+
     rollout = config.worker.rollout
     if rollout.cpu_kv_cache_gb is not None:
         return int(rollout.cpu_kv_cache_gb * 2**30)
-    rows = -(-config.data.rollout_batch_size * rollout.n // config.world_size) * rollout.tensor_parallel_size
+    rows = -(-generating_prompts(config) * rollout.n // generating_workers(config)) * rollout.tensor_parallel_size
     from easyr1.models.loading import load_model_config
 
     model = config.worker.actor.model

@@ -173,7 +173,9 @@ def make_plan(
     ``worker.critic.model.model_path`` names another one). ``prompt_fill`` / ``response_fill``: mean lengths as
     fractions of the maximum ones, for FLOPs and time only (memory is planned at the maximum lengths)."""
     trainer, data, worker = config.trainer, config.data, config.worker
-    world = trainer.world_size
+    split = config.async_training.placement == "split"
+    generators = config.async_training.generator_workers if split else 0
+    world = trainer.world_size - generators  # the workers that hold the models (a split's trainers)
     kind = device.kind
     actor_params, actor_train = actor_trainable(size, worker.actor.model)
     states = {"actor": model_states("actor", worker.actor, size, kind, world, actor_train, actor_params)}
@@ -225,9 +227,14 @@ def make_plan(
         max_pixels=data.max_pixels or 0,
     )
     engine = plan_engine(config, size, engine_dtype(config, actor.precision.compute, kind), kind, device.memory_bytes)
-    phases = _phases(states, engine, update, experience)
+    phases = _phases(states, engine, update, experience, split)
     host_worker, host_node = _host(config, device, states, phases, size)
     flops = _flops(config, size, world, states, prompt_fill, response_fill)
+    seconds = step_seconds(flops, trainer.world_size, device.peak_flops, mfu)
+    if split:  # generation on the generators overlaps the trainers' passes: the slower side sets the step
+        generation = flops.generation / (generators * device.peak_flops * mfu)
+        training = (flops.log_probs + flops.updates) / (world * device.peak_flops * mfu)
+        seconds = max(generation, training)
     plan = Plan(
         device=device,
         world=world,
@@ -244,9 +251,21 @@ def make_plan(
         host_node=host_node,
         flops=flops,
         mfu=mfu,
-        step_seconds=step_seconds(flops, world, device.peak_flops, mfu),
+        step_seconds=seconds,
         steps_per_epoch=steps_per_epoch(config),
     )
+    if split:
+        plan.notes.append(
+            f"async_training.placement=split: {world} trainer(s) hold the models (sharded over them), "
+            f"{generators} generator(s) hold only the engine; the step time is the slower of generation "
+            f"({generation:.1f} s on the generators) and the trainers' passes ({training:.1f} s), which overlap "
+            "under one_step_off"
+        )
+    if config.async_training.schedule == "partial_rollout":
+        plan.notes.append(
+            f"async_training.schedule=partial_rollout: the engine holds {engine.rows} rows at once (the pool of "
+            "in_flight_prompts); the step time counts a batch's FLOPs, not the long tail partial rollout avoids"
+        )
     if engine.sequences < engine.rows:
         plan.notes.append(
             f"the engine's KV cache holds {engine.sequences} sequences at full length, fewer than the {engine.rows} "
@@ -258,15 +277,25 @@ def make_plan(
 
 
 def _phases(
-    states: dict[str, ModelStates], engine: EnginePlan, update: ActivationPlan, experience: ActivationPlan
+    states: dict[str, ModelStates],
+    engine: EnginePlan,
+    update: ActivationPlan,
+    experience: ActivationPlan,
+    split: bool = False,
 ) -> list[Phase]:
+    """The phases of a worker. With a split placement the generators hold the engine alone (their one phase) and the
+    trainers every model but no engine."""
+
     def others(active: str | None) -> list[tuple[str, int]]:
         return [
             (f"{role} states (idle)", s.resident_bytes(False, False)) for role, s in states.items() if role != active
         ]
 
-    engine_item = [] if engine.releases else [("rollout engine (never released)", engine.claimed_bytes)]
-    phases = [Phase("generation", (("rollout engine", engine.claimed_bytes), *others(None)))]
+    engine_item = [] if engine.releases or split else [("rollout engine (never released)", engine.claimed_bytes)]
+    if split:
+        phases = [Phase("generation (a generator)", (("rollout engine", engine.claimed_bytes),))]
+    else:
+        phases = [Phase("generation", (("rollout engine", engine.claimed_bytes), *others(None)))]
     for role, model in states.items():
         phases.append(
             Phase(

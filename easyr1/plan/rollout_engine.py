@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from easyr1.config.schedule import generating_prompts, generating_workers
 from easyr1.engines.vllm_engine import cpu_kv_cache_bytes
 from easyr1.models.loading import resolve_dtype
 from easyr1.plan.model_size import ModelSize
@@ -60,19 +61,21 @@ def engine_dtype(config: Any, actor_compute: torch.dtype, device: str) -> torch.
 
 
 def plan_engine(config: Any, size: ModelSize, dtype: torch.dtype, device_kind: str, device_memory: int) -> EnginePlan:
-    """The engine of one worker for ``config`` on a device of ``device_memory`` bytes."""
+    """The engine of one worker that generates (every worker, or a split placement's generator) for ``config`` on a
+    device of ``device_memory`` bytes, sized for the responses generating at once (partial_rollout's pool)."""
     rollout, data = config.worker.rollout, config.data
-    world = config.world_size
+    world = generating_workers(config)
+    prompts = generating_prompts(config)
     tp = rollout.tensor_parallel_size
     text = size.text
     element = dtype_bytes(dtype)
     length = rollout.max_model_len or data.max_prompt_length + data.max_response_length
     kv_heads = max(text.kv_heads // tp, 1)  # fewer KV heads than TP ranks: vLLM replicates them
     per_sequence = text.layers * 2 * kv_heads * text.head_dim * element * length
-    rows = -(-data.rollout_batch_size * rollout.n // world) * tp
+    rows = -(-prompts * rollout.n // world) * tp
     if rollout.name == "hf":
         # an unsharded copy per worker, and a cache for its own rows only (no tensor parallelism)
-        own_rows = -(-data.rollout_batch_size * rollout.n // world)
+        own_rows = -(-prompts * rollout.n // world)
         full_sequence = text.layers * 2 * text.kv_heads * text.head_dim * element * length
         return EnginePlan(dtype, size.total * element, own_rows * full_sequence, 0, full_sequence, own_rows, False)
     weights = size.total * element // tp
