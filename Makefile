@@ -57,6 +57,12 @@ test-fast: install
 bench-faults: install
 	PYTHONPATH=$$PWD $(PYTHON) bench/faults_kill_sweep.py --seed $${SEED:-0}
 
+# The same kill -9 cases under the asynchronous schedules: one_step_off on a 1 + 1 split, then partial_rollout with
+# responses in flight at every checkpoint (bench/README.md); 20-40 minutes on 2 cores. SEED=N.
+bench-faults-async: install
+	PYTHONPATH=$$PWD $(PYTHON) bench/faults_kill_async.py --schedule one_step_off --seed $${SEED:-0}
+	PYTHONPATH=$$PWD $(PYTHON) bench/faults_kill_async.py --schedule partial_rollout --seed $${SEED:-0}
+
 # sync vs one_step_off (1 + 1 split) vs partial_rollout on long-tailed lengths at 0.8 M and 15 M, interleaved; ends
 # with `async-vs-sync: ...` (bench/README.md); ~25 minutes on 2 cores. `--correction` is the correction comparison.
 bench-async: install

@@ -1,12 +1,18 @@
-"""Kill sweep of the one_step_off schedule: ``kill -9`` of the CPU demo job on a 1 + 1 split, then a resume.
+"""Kill sweep of the asynchronous schedules: ``kill -9`` of the CPU demo job mid-run, then a resume.
 
 The cases of ``faults_kill_sweep.py`` (its launcher, its watch of the driver's stack, its kill), run on
-examples/config_cpu.yaml with ``async_training.schedule=one_step_off``, ``placement=split``, ``generator_workers=1``
-and the HF engine, 12 steps, a checkpoint every 2 steps and validation every 4. Each resumed run's metrics must equal
-the uninterrupted run's at every step (timings, throughput, memory and the schedule's wait and idle shares of wall
-time left out): the batch generated ahead at a checkpoint is saved with it and trained after the resume.
+examples/config_cpu.yaml, 12 steps, a checkpoint every 2 steps and validation every 4, under one schedule:
 
-    PYTHONPATH=$PWD .venv/bin/python bench/faults_kill_one_step_off.py [--seed 0] [--cases generation-1,...]
+- ``one_step_off`` (default): ``placement=split``, ``generator_workers=1``, the HF engine; the batch generated ahead
+  at a checkpoint is saved with it and trained after the resume;
+- ``partial_rollout``: on a tiny model whose responses end at any of 14 tokens (long-tailed lengths), 48-token
+  responses, three batches in flight (``max_staleness=2``), vLLM: the responses still running at a checkpoint are
+  saved with it and continued after the resume.
+
+Each resumed run's metrics must equal the uninterrupted run's at every step (timings, throughput, memory and the
+schedule's wait and idle shares of wall time left out).
+
+    PYTHONPATH=$PWD .venv/bin/python bench/faults_kill_async.py [--schedule partial_rollout] [--seed 0] [--cases ...]
 """
 
 from __future__ import annotations
@@ -26,18 +32,27 @@ from pathlib import Path
 import faults_kill_sweep as sweep
 
 
-SPLIT = [
-    "async_training.schedule=one_step_off",
-    "async_training.placement=split",
-    "async_training.generator_workers=1",
-    "worker.rollout.name=hf",
-]
+SCHEDULES = {
+    "one_step_off": [
+        "async_training.schedule=one_step_off",
+        "async_training.placement=split",
+        "async_training.generator_workers=1",
+        "worker.rollout.name=hf",
+    ],
+    "partial_rollout": [
+        "async_training.schedule=partial_rollout",
+        "async_training.in_flight_prompts=48",
+        "async_training.max_staleness=2",
+        "data.max_response_length=48",
+    ],
+}
 MEASURED = ("timing/", "throughput/", "perf/", "async/trainer_wait_ratio", "async/generator_idle_ratio")
 
 
-def run_args(run_dir: Path) -> list[str]:
-    """The job's CLI arguments (the sweep's single-turn job, on a split)."""
-    return [*sweep.run_args(False, run_dir), *SPLIT]
+def run_args(run_dir: Path, schedule: str, model: Path | None) -> list[str]:
+    """The job's CLI arguments: the sweep's single-turn job under ``schedule`` (on ``model`` when given)."""
+    extra = [f"worker.actor.model.model_path={model}"] if model is not None else []
+    return [*sweep.run_args(False, run_dir), *SCHEDULES[schedule], *extra]
 
 
 def metrics(run_dir: Path) -> dict[int, dict[str, float]]:
@@ -66,18 +81,25 @@ def plan_cases(seed: int) -> list[sweep.Case]:
 def main() -> None:
     """The uninterrupted run, then each case; one line per case, the results as JSON in bench/results."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--schedule", choices=sorted(SCHEDULES), default="one_step_off")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cases", default=None, help="comma-separated case names (default: all five)")
     args = parser.parse_args()
     subprocess.run([sys.executable, "-m", "easyr1.tools.demo_assets"], cwd=sweep.REPO, check=True)
-    work = Path(tempfile.mkdtemp(prefix="kill_one_step_off_"))
+    work = Path(tempfile.mkdtemp(prefix=f"kill_{args.schedule}_"))
+    model = None
+    if args.schedule == "partial_rollout":
+        from easyr1.tools.tiny_model import build_tiny_model
+
+        model = build_tiny_model(work / "long_tail_model", stop_tokens=12)
     cases = plan_cases(args.seed)
     if args.cases:
         cases = [case for case in cases if case.name in args.cases.split(",")]
     print(f"work directory: {work}", flush=True)
     reference_dir = work / "reference"
     began = time.perf_counter()
-    process = sweep.start(run_args(reference_dir), work / "reference.log", work / "reference.stacks")
+    reference_job = run_args(reference_dir, args.schedule, model)
+    process = sweep.start(reference_job, work / "reference.log", work / "reference.stacks")
     if process.wait() != 0:
         raise SystemExit(f"the uninterrupted run failed: {(work / 'reference.log').read_text()[-3000:]}")
     print(f"uninterrupted run: {time.perf_counter() - began:.0f} s", flush=True)
@@ -87,7 +109,7 @@ def main() -> None:
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(sweep.REPO)}
     for case in cases:
         run_dir = work / case.name
-        job = run_args(run_dir)
+        job = run_args(run_dir, args.schedule, model)
         stacks, log = work / f"{case.name}.stacks", work / f"{case.name}.log"
         process = sweep.start(job, log, stacks)
         try:
@@ -124,10 +146,11 @@ def main() -> None:
             flush=True,
         )
     passed = sum(case.result == "equal" for case in cases)
-    print(f"{passed} of {len(cases)} one_step_off cases resumed to the uninterrupted run's metrics", flush=True)
+    print(f"{passed} of {len(cases)} {args.schedule} cases resumed to the uninterrupted run's metrics", flush=True)
     sweep.RESULTS.mkdir(parents=True, exist_ok=True)
-    out = sweep.RESULTS / f"kill-one-step-off-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"seed": args.seed, "work": str(work), "cases": [asdict(c) for c in cases]}, indent=1))
+    out = sweep.RESULTS / f"kill-{args.schedule.replace('_', '-')}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    summary = {"schedule": args.schedule, "seed": args.seed, "work": str(work), "cases": [asdict(c) for c in cases]}
+    out.write_text(json.dumps(summary, indent=1))
     print(f"results: {out}", flush=True)
     raise SystemExit(0 if passed == len(cases) else 1)
 
