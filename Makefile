@@ -6,7 +6,7 @@ export OMP_NUM_THREADS ?= 1
 # compile torch, transformers, vLLM and easyr1 from source again, ~10 s each.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install install-gpu demo demo-agent test test-fast bench-faults bench-async quality style clean
+.PHONY: install install-gpu demo demo-agent test test-fast bench-faults bench-faults-async bench-async quality style clean
 
 install:
 	bash scripts/install_cpu.sh
