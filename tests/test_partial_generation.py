@@ -42,7 +42,7 @@ def test_stop_position_waits_for_the_quota_of_groups_and_the_rows_that_must_fini
     assert stop_position(lengths, finished, uids, must, groups=1) == 9  # row 1 must finish even if b is enough
 
 
-def _prompts(model_dir, data_dir, rows: int) -> Batch:
+def _prompts(model_dir, data_dir, rows: list[int]) -> Batch:
     tokenizer, processor = load_tokenizer_and_processor(str(model_dir))
     dataset = RLDataset(
         str(data_dir / "train.jsonl"),
@@ -52,7 +52,7 @@ def _prompts(model_dir, data_dir, rows: int) -> Batch:
         max_prompt_length=MAX_PROMPT_LENGTH,
         model_config=load_model_config(str(model_dir)),
     )
-    prompts = collate_fn([dataset[i] for i in range(rows)]).repeat(2, interleave=True)
+    prompts = collate_fn([dataset[i] for i in rows]).repeat(2, interleave=True)
     prompts["uid"] = np.array([f"g{row // 2}" for row in range(len(prompts))], dtype=object)
     return prompts
 
@@ -128,7 +128,7 @@ def test_hf_engine_stops_at_the_quota_and_continues_partial_responses(tiny_qwen2
         device="cpu",
     )
     _run_partial_round_trip(
-        engine, _prompts(tiny_qwen2_5_vl_dir, tiny_dataset_dir, rows=3), tiny_qwen2_5_vl_dir, banned
+        engine, _prompts(tiny_qwen2_5_vl_dir, tiny_dataset_dir, [0, 1, 2]), tiny_qwen2_5_vl_dir, banned
     )
 
 
@@ -138,10 +138,18 @@ def engine_world():
         yield
 
 
+@pytest.fixture(scope="module")
+def mixed_dir(tmp_path_factory):
+    from easyr1.tools.tiny_dataset import build_mixed_dataset
+
+    return build_mixed_dataset(tmp_path_factory.mktemp("mixed"), num_rows=4, seed=0)
+
+
 @pytest.mark.vllm
 def test_vllm_engine_stops_at_the_quota_and_continues_partial_responses_with_their_images(
-    tiny_qwen2_5_vl_dir, tiny_dataset_dir, engine_world
+    tiny_qwen2_5_vl_dir, mixed_dir, engine_world
 ):
+    """One image, three images and a video (the mixed rows 1-3), each continued twice."""
     from easyr1.engines.vllm_engine import VLLMEngine
 
     config = load_model_config(str(tiny_qwen2_5_vl_dir))
@@ -159,7 +167,7 @@ def test_vllm_engine_stops_at_the_quota_and_continues_partial_responses_with_the
     )
     try:
         _run_partial_round_trip(
-            engine, _prompts(tiny_qwen2_5_vl_dir, tiny_dataset_dir, rows=3), tiny_qwen2_5_vl_dir, banned
+            engine, _prompts(tiny_qwen2_5_vl_dir, mixed_dir, [1, 2, 3]), tiny_qwen2_5_vl_dir, banned
         )
     finally:
         del engine
