@@ -28,7 +28,7 @@ from easyr1.distributed.local_group import LocalWorkerGroup
 from easyr1.distributed.worker import device_type, pick_backend
 from easyr1.engines import check_engine
 from easyr1.envs import check_environment
-from easyr1.errors import UserError
+from easyr1.errors import CheckpointError, UserError
 from easyr1.logging import Tracker, build_trackers
 from easyr1.models.loading import load_model_config, load_tokenizer_and_processor
 from easyr1.reward import LocalRewardScorer, RewardScorer, load_reward_function
@@ -120,6 +120,8 @@ def build_trainer(config: PPOConfig, inputs: RunInputs | None = None) -> Trainer
     resume_from = checkpoints.resume_path(config.trainer.load_checkpoint_path, config.trainer.find_last_checkpoint)
     # read as plain data: a trainer_state.pt that holds anything else is refused before it runs (docs/security.md)
     driver_state = load_state_file(resume_from / TRAINER_STATE_NAME) if resume_from else None
+    if driver_state is not None:
+        check_resumed_schedule(config, driver_state, resume_from)
     for leftover in checkpoints.remove_leftovers():
         print(f"easyr1: removed {leftover}, a checkpoint write that was interrupted", flush=True)
     trackers = start_trackers(config, int(driver_state["global_step"]) if driver_state else None, total_steps)
@@ -198,6 +200,23 @@ def _prompts(
             f"data.rollout_batch_size={data.rollout_batch_size}; lower the batch size or add data"
         )
     return prompts, val_dataset, steps_per_epoch
+
+
+def check_resumed_schedule(config: PPOConfig, driver_state: dict[str, Any], step_dir: Path) -> None:
+    """A checkpoint resumes under the schedule that wrote it: the samples a schedule had in flight (saved with the
+    step) would otherwise be dropped, or a schedule would start without the ones it expects.
+
+    Raises:
+        CheckpointError: naming both schedules and the key to set.
+    """
+    saved = driver_state.get("schedule", "sync")
+    wanted = config.async_training.schedule
+    if saved != wanted:
+        raise CheckpointError(
+            f"{step_dir} was written under async_training.schedule={saved} and this run asks for {wanted}: the "
+            f"samples {saved} had in flight are part of that step. Resume it with async_training.schedule={saved} "
+            "(or start a new run in another trainer.save_checkpoint_path)"
+        )
 
 
 def run_device(config: PPOConfig) -> str:

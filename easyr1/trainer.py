@@ -426,6 +426,7 @@ class Trainer:
                 "kl_controller": self.kl_controller.state_dict(),
                 "rng": rng_state(),
             }
+            driver_state["schedule"] = self.config.async_training.schedule  # a resume must use the same one
             if hasattr(self.stage, "state_dict"):  # an asynchronous schedule's samples in flight (easyr1.schedules)
                 driver_state["stage"] = self.stage.state_dict()
             save_durably(driver_state, staging / TRAINER_STATE_NAME)

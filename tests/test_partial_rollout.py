@@ -88,6 +88,18 @@ def test_partial_responses_continue_within_the_bound_and_resume_exactly(
         assert again[step] == steps[step], step
     assert len({steps[step]["actor/pg_loss"] for step in steps}) > 1  # the steps differ: the equality says something
 
+    # the pool belongs to the schedule: resuming that step synchronously is refused before any worker starts
+    switched = train(
+        [
+            *base_args(long_tail_model, tiny_dataset_dir),
+            *ONE_PROCESS,
+            f"trainer.save_checkpoint_path={tmp_path / 'switched'}",
+            f"trainer.load_checkpoint_path={tmp_path / 'full' / 'global_step_2'}",
+        ]
+    )
+    assert switched.returncode == 2
+    assert "async_training.schedule=partial_rollout" in switched.stderr and "asks for sync" in switched.stderr
+
 
 def test_continued_responses_carry_their_images(long_tail_model, tiny_dataset_dir, tmp_path, rank_environment):
     """With the weights unchanged (no policy update before trainer.critic_warmup), every token the engine sampled, in
