@@ -61,6 +61,24 @@ def start_ray(num_cpus: int = 6, num_gpus: int = 0) -> None:
         )
 
 
+def fork_ranks(function, args: tuple, nprocs: int, timeout: float = 300) -> None:
+    """``function(rank, *args)`` in ``nprocs`` processes forked from this one, which already has torch and the test's
+    modules loaded (a spawned rank imports them again, seconds each); fails naming the rank if one fails, and kills
+    them all past ``timeout``. Call it before this process joins a process group: the ranks would inherit it."""
+    import time
+
+    import torch.multiprocessing as mp
+
+    assert not dist.is_initialized(), "fork the ranks before this process joins a process group"
+    ranks = mp.start_processes(function, args=args, nprocs=nprocs, join=False, start_method="fork")
+    deadline = time.monotonic() + timeout
+    while not ranks.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in ranks.processes:
+                process.kill()
+            pytest.fail(f"the {nprocs} forked ranks did not finish within {timeout:.0f} s")
+
+
 # The CLI's arguments for a run in this process, without Ray (one worker): for runs whose point is neither Ray nor two
 # workers. Tests using it ask for the `rank_environment` fixture (what the worker sets in this process is put back).
 ONE_PROCESS = ["trainer.single_process=true", "trainer.n_gpus_per_node=1"]

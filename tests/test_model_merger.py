@@ -8,14 +8,12 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from helpers import REPO, training_batch
+from helpers import REPO, fork_ranks, training_batch
 from PIL import Image
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
@@ -120,16 +118,8 @@ def test_lora_export_is_base_plus_adapter(process_group, tiny_qwen2_5_vl_dir, ti
 
 def test_two_ranks_export_the_same_model_as_one(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path, request):
     one_rank, two_ranks = tmp_path / "one" / "actor", tmp_path / "two" / "actor"
-    # the ranks are forked from this process, which has torch and transformers loaded (a spawned rank would import
-    # them again, ~10 s each); forked before this process joins a process group of its own, which they would inherit
-    args = (free_port(), str(tiny_qwen2_5_vl_dir), str(tiny_dataset_dir), str(two_ranks))
-    ranks = mp.start_processes(two_rank_worker, args=args, nprocs=2, join=False, start_method="fork")
-    deadline = time.monotonic() + 300
-    while not ranks.join(timeout=1):  # raises, naming the rank, if one fails
-        if time.monotonic() > deadline:
-            for process in ranks.processes:
-                process.kill()
-            pytest.fail("the two forked ranks did not finish within 300 s")
+    # forked before this process joins its one-rank group (helpers.fork_ranks)
+    fork_ranks(two_rank_worker, (free_port(), str(tiny_qwen2_5_vl_dir), str(tiny_dataset_dir), str(two_ranks)), 2)
     request.getfixturevalue("process_group")
     trained_checkpoint(tiny_qwen2_5_vl_dir, tiny_dataset_dir, one_rank)
     assert len(list((two_ranks / "model").glob("*.distcp"))) == 2  # each rank wrote its own shard

@@ -1,6 +1,6 @@
 """TP groups: numbered as vLLM numbers them, and ``gather_rows`` against a single-process reference (4 gloo ranks).
 
-Kept apart from the heavier tests so that the spawned ranks import little.
+The ranks are forked from the test's process (helpers.fork_ranks).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from helpers import fork_ranks
 
 from easyr1.distributed.tensor_parallel import TensorParallelGroup, tensor_parallel_groups
 from easyr1.protocol import Batch
@@ -47,7 +47,7 @@ def test_gather_rows_pools_the_group_and_returns_each_rank_its_own(tmp_path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    mp.spawn(_gather_on_rank, args=(world_size, port, tensor_parallel_size, str(tmp_path)), nprocs=world_size)
+    fork_ranks(_gather_on_rank, (world_size, port, tensor_parallel_size, str(tmp_path)), world_size)
     for rank in range(world_size):
         result = torch.load(tmp_path / f"{rank}.pt", weights_only=False)
         members = [0, 1] if rank < 2 else [2, 3]
