@@ -36,6 +36,12 @@ from easyr1.config.reward import (
     check_reward_names,
     join_reward_function_name,
 )
+from easyr1.config.reward_model import (
+    REWARD_MODEL_RANGES,
+    RewardModelConfig,
+    check_reward_model,
+    fill_reward_model_paths,
+)
 from easyr1.config.rollout import ROLLOUT_RANGES, RolloutConfig, check_rollout_names, check_val_override
 from easyr1.config.rules import check_ranges, prefixed
 from easyr1.config.schedule import ASYNC_RANGES, AsyncConfig, check_schedule
@@ -57,6 +63,9 @@ class WorkerConfig:
     ref: RefConfig = section(RefConfig, "the reference policy")
     rollout: RolloutConfig = section(RolloutConfig, "the generation engine")
     reward: RewardConfig = section(RewardConfig, "the reward function")
+    reward_model: RewardModelConfig = section(
+        RewardModelConfig, "a reward model or generative judge that sees the images (default: none)"
+    )
 
 
 @dataclass
@@ -100,6 +109,7 @@ class PPOConfig:
         model.model_path = resolve_path(model.model_path)
         model.tokenizer_path = resolve_path(model.tokenizer_path) if model.tokenizer_path else model.model_path
         join_reward_function_name(reward)  # EasyR1's dumps split 'file.py:name' into two keys
+        fill_reward_model_paths(self)  # without a reward file, the reward model's score is the reward
         reward.reward_function = resolve_function(reward.reward_function)
         self.env.env_class = resolve_function(self.env.env_class)
         if self.worker.critic.global_batch_size is None:
@@ -163,6 +173,7 @@ _RANGES = {
     **prefixed("worker.actor", ACTOR_RANGES),
     **prefixed("worker.rollout", ROLLOUT_RANGES),
     **prefixed("worker.reward", REWARD_RANGES),
+    **prefixed("worker.reward_model", REWARD_MODEL_RANGES),
     **prefixed("trainer", TRAINER_RANGES),
     **prefixed("env", ENV_RANGES),
     **prefixed("async_training", ASYNC_RANGES),
@@ -204,6 +215,7 @@ def validation_problems(config: PPOConfig, num_workers: int | None) -> list[str]
                 f"over smaller groups is not implemented); set {key}.fsdp_size=-1 (or {world})"
             )
     check_reward_names(worker.reward, problems)
+    check_reward_model(config, problems)
     check_trainer_names(config.trainer, problems)
     check_val_override(worker.rollout, problems)
     if config.env.enabled:

@@ -6,6 +6,9 @@ response with its reward and sub-scores; for agent runs, every response's episod
     {"step": 5, "prompts": [{"prompt": ..., "ground_truth": ..., "images": ["rollouts/step_5/p0_i0.png"],
                              "responses": [{"text": ..., "score": 0.2, "sub_scores": {"format": 1.0, ...}}]}]}
 
+With ``worker.reward_model`` each response also has ``"reward_model": {"score": ..., "text": ..., "parsed": ...}``
+(``text``: the judge's raw judgement, null for a classifier).
+
 Image paths are relative to ``log_dir``; images are the exact pixels the model saw (after resizing).
 
 When the batch comes from the multi-turn stage (it has ``episode`` records), a prompt is an environment seed: its
@@ -145,6 +148,12 @@ def write_rollouts(
             }
             if episode is not None:
                 response["episode"] = episode
+            if "reward_model_score" in batch:  # worker.reward_model: its score, and a judge's raw text
+                response["reward_model"] = {
+                    "score": float(batch["reward_model_score"][row]),
+                    "text": batch["reward_model_text"][row],
+                    "parsed": bool(batch["reward_model_parsed"][row]),
+                }
             responses.append(response)
         files = [save_image(image, log_dir, f"{step_dir}/p{index}_i{k}.png") for k, image in enumerate(images)]
         prompts.append(

@@ -14,6 +14,10 @@ like the response) and every other column of the sample's dataset row under its 
 ``overall`` plus any number of sub-scores (``format``, ``accuracy``...), all finite numbers and the same keys for
 every sample.
 Any deviation becomes a :class:`~easyr1.errors.RewardError` that names the sample and what was wrong.
+
+With ``worker.reward_model`` each input also has ``reward_model`` (the reward model's result of the sample: score,
+judge text, parsed), and a function that declares a ``reward_model`` parameter is called with a callable there that
+returns the results of the inputs it is given (:mod:`easyr1.reward_model.results`).
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ DEFAULT_REWARD_TYPE = "batch"
 SPEC_KEY = "worker.reward.reward_function"
 KWARGS_KEY = "worker.reward.reward_function_kwargs"
 TYPE_KEY = "worker.reward.reward_type"
+# The parameter through which a reward function receives the reward model's results (worker.reward_model).
+REWARD_MODEL_ARGUMENT = "reward_model"
 
 RewardInput = dict[str, Any]
 RewardScore = dict[str, float]
@@ -98,6 +104,15 @@ def _check_kwargs(fn: Callable[..., Any], kwargs: Mapping[str, Any], source: str
         )
 
 
+def _declares(fn: Callable[..., Any], name: str) -> bool:
+    """Whether ``fn`` has a parameter called ``name`` (``**kwargs`` alone does not count: a function written before
+    the argument existed is called as it always was)."""
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 class RewardFunction:
     """A loaded reward function: call it with a list of reward inputs, get a validated list of score dicts.
 
@@ -151,6 +166,12 @@ class RewardFunction:
             self.reward_type = declared
         self.name = str(getattr(self.module, "REWARD_NAME", self.function_name))
         _check_kwargs(self.fn, self.kwargs, self.source)
+        # a function that declares `reward_model` gets the reward model's results through it (easyr1.reward_model)
+        self.passed = {}
+        if _declares(self.fn, REWARD_MODEL_ARGUMENT):
+            from easyr1.reward_model.results import ReadRewardModel
+
+            self.passed[REWARD_MODEL_ARGUMENT] = ReadRewardModel()
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (RewardFunction, (self.spec, self.kwargs, self._reward_type_override))
@@ -195,7 +216,7 @@ class RewardFunction:
 
     def _call_batch(self, inputs: list[RewardInput]) -> list[Any]:
         try:
-            raw = self.fn(inputs, **self.kwargs)
+            raw = self.fn(inputs, **self.kwargs, **self.passed)
         except Exception as error:
             raise RewardError(
                 f"{self.source} raised {type(error).__name__}: {error} while scoring a batch of {len(inputs)} "
@@ -217,7 +238,7 @@ class RewardFunction:
 
     def _call_one(self, index: int, reward_input: RewardInput) -> Any:
         try:
-            score = self.fn(reward_input, **self.kwargs)
+            score = self.fn(reward_input, **self.kwargs, **self.passed)
         except Exception as error:
             raise RewardError(
                 f"{self.source} raised {type(error).__name__}: {error} on {describe_sample(index, reward_input)}"

@@ -25,6 +25,7 @@ from easyr1.errors import UserError
 from easyr1.logging.timing import timed
 from easyr1.protocol import Batch
 from easyr1.reward import ROW_COLUMNS, PendingRewards, Rewards, RewardScorer, build_reward_inputs
+from easyr1.reward_model.client import RewardModelClient
 from easyr1.stages.base import ScoredSamples, Validation
 from easyr1.stages.sampling import (
     VALIDATION_ROUND,
@@ -83,6 +84,8 @@ class SingleTurnStage:
         self.engine_reads_images = engine_traits(config.worker.rollout.name).reads_images
         # the next sample's id: the key of its tensors in the workers' per-step cache, never reused
         self.samples_generated = 0
+        # worker.reward_model: scored on the workers after generation, before the reward function
+        self.reward_model = RewardModelClient(config, workers) if config.worker.reward_model.enabled else None
 
     def collect(self, prompts: Batch, step: int) -> ScoredSamples:
         """``n`` samples per prompt, scored; with online filtering, refilled to informative groups only."""
@@ -92,6 +95,7 @@ class SingleTurnStage:
             batch = self.generate(prompts, step, round_index=0)
         # the reward is computed by the scorer while the workers go on; DAPO needs it at once
         rewards = self.score(batch)
+        metrics.update(RewardModelClient.metrics(batch))
         if self.config.algorithm.online_filtering:
             with timed(timings, "filter"):
                 batch, rewards = self._fill_with_informative_groups(batch, rewards, step, metrics)
@@ -103,6 +107,8 @@ class SingleTurnStage:
     def score(self, batch: Batch) -> PendingRewards:
         """Send the samples' reward inputs to the reward scorer; the rewards may come later."""
         inputs = build_reward_inputs(batch, self.tokenizer, self.config.worker.reward.skip_special_tokens)
+        if self.reward_model is not None:  # its results go on the batch and into each input
+            self.reward_model.score(batch, inputs)
         return self.scorer.score(inputs)
 
     def generate(

@@ -279,10 +279,19 @@ def rollouts_html(steps: list) -> str:
             responses = [_mapping(response) for response in _items(prompt.get("responses"))]
             sub_keys = sorted({str(key) for response in responses for key in _mapping(response.get("sub_scores"))})
             head = "".join(f"<th>{_text(key)}</th>" for key in sub_keys)
+            # worker.reward_model: a judge's raw text (or a classifier's score) beside the response
+            judged = any(isinstance(response.get("reward_model"), dict) for response in responses)
+            head += "<th>reward model</th>" if judged else ""
             rows = []
             for response in responses:
                 sub_scores = {str(key): value for key, value in _mapping(response.get("sub_scores")).items()}
                 subs = "".join(f"<td>{_number(sub_scores.get(key, float('nan')))}</td>" for key in sub_keys)
+                if judged:
+                    judgement = _mapping(response.get("reward_model"))
+                    text = judgement.get("text")
+                    unread = "" if judgement.get("parsed", True) else " (unparseable)"
+                    said = f"<br>{_text(text)}" if text is not None else ""
+                    subs += f"<td class=text>{_number(judgement.get('score'))}{unread}{said}</td>"
                 episode = response.get("episode")
                 shown = episode_html(episode) if isinstance(episode, dict) else _text(response.get("text", ""))
                 rows.append(

@@ -55,6 +55,7 @@ from easyr1.models.loading import (
 from easyr1.models.lora import adapter_config_of, apply_lora, lora_scaling, merged_weights
 from easyr1.models.vision_tower import freeze_vision_tower
 from easyr1.protocol import Batch
+from easyr1.reward_model.scorer import RewardModelScorer
 from easyr1.seeding import seed_everything
 from easyr1.workers.actor import Actor
 from easyr1.workers.critic import Critic, ValueModel
@@ -86,6 +87,7 @@ class HybridWorker(Worker):
         self.ref: Actor | None = None
         self.critic: Critic | None = None
         self.engine: RolloutEngine | None = None
+        self.reward_model: RewardModelScorer | None = None  # worker.reward_model: scores after generation
         self.weights_stale = True
         # where each model's state lives between phases (worker.*.offload); see distributed/offload.py
         self.actor_residency: Residency | None = None
@@ -172,6 +174,10 @@ class HybridWorker(Worker):
                 residency.release()  # off the device before the engine claims its memory
         if self.role == HYBRID:
             self._init_engine()
+            if config.worker.reward_model.enabled:  # after the policy's engine: a vLLM judge joins its parallel state
+                self.reward_model = RewardModelScorer(
+                    config, engine_dtype(config.worker.rollout.dtype, self.precision.compute), self.device
+                )
 
     def _init_generator(self, model_config: Any) -> None:
         """A generator's set-up: the engine alone, with the token rules the actor's model would give it."""
@@ -395,6 +401,11 @@ class HybridWorker(Worker):
         output.meta.update(sync_seconds=sync_seconds, generate_seconds=generate_seconds)
         return output
 
+    def score_with_reward_model(self, batch: Batch) -> Batch:
+        """The reward model's results of this rank's share of a generated batch (``worker.reward_model``; fields:
+        :mod:`easyr1.reward_model.scorer`); the reward model sleeps again afterwards."""
+        return self.reward_model.score(batch)
+
     def sleep_engine(self) -> None:
         """Put the engine to sleep (after generation calls made with ``stay_awake``)."""
         self.engine.sleep()
@@ -538,6 +549,9 @@ class HybridWorker(Worker):
     def close(self) -> None:
         """Release the engine's state and this rank's process group (a worker in the driver's process; a Ray worker's
         process ends instead)."""
+        if self.reward_model is not None:
+            self.reward_model.close()
+            self.reward_model = None
         if self.engine is not None:
             self.engine.close()
             self.engine = None
