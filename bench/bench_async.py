@@ -447,8 +447,16 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="steps not timed at the start of each run")
     parser.add_argument("--correction", action="store_true", help="the correction comparison instead")
     parser.add_argument("--correction-steps", type=int, default=20)
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an override for every run, after the bench's own (repeatable; e.g. worker.actor.padding_free=true)",
+    )
     parser.add_argument("--analyse", type=Path, default=None, help="print the tables of a saved async-*.json again")
     args = parser.parse_args()
+    COMMON.update(dict(item.split("=", 1) for item in args.set))
     if args.analyse:
         runs, sizes, window = load_runs(args.analyse)
         results = report(runs, sizes, window)
