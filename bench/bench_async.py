@@ -145,6 +145,7 @@ class Run:
     step_wall: dict[int, float] = field(default_factory=dict)  # step -> wall seconds since the previous line
     records: list[dict] = field(default_factory=list)
     error: str = ""
+    load: list[float] = field(default_factory=list)  # the machine's 1-minute load average, sampled every 5 s
 
 
 def run_env() -> dict[str, str]:
@@ -208,6 +209,8 @@ def run_once(run: Run, model: Path, settings: dict, steps: int, work: Path) -> N
                         seen += 1
             if done:
                 break
+            if time.perf_counter() - start >= 5 * len(run.load):  # what else the machine was running
+                run.load.append(os.getloadavg()[0])
             time.sleep(0.05)
     run.seconds = time.perf_counter() - start
     if process.returncode:
@@ -276,7 +279,7 @@ def speed(args: argparse.Namespace) -> None:
                     wall, timed = steps_per_second(run, window)
                     print(
                         f"  rep {rep} {size:>4} {schedule:<15} {wall:.3f} steps/s (timing/step: {timed:.3f}), "
-                        f"{run.seconds:.0f} s in all",
+                        f"{run.seconds:.0f} s in all, load average {statistics.fmean(run.load):.1f}",
                         flush=True,
                     )
     results = report(runs, sizes, window)
