@@ -33,6 +33,7 @@ from easyr1.logging import Tracker, build_trackers
 from easyr1.models.loading import load_model_config, load_tokenizer_and_processor
 from easyr1.reward import LocalRewardScorer, RewardScorer, load_reward_function
 from easyr1.reward.timed import timed_reward_function
+from easyr1.reward_model.checks import check_reward_model_inputs
 from easyr1.schedules.one_step_off import OneStepOffStage
 from easyr1.schedules.partial_rollout import PartialRolloutStage
 from easyr1.stages.multi_turn import EpisodeSeeds, MultiTurnStage
@@ -79,6 +80,9 @@ def read_inputs(config: PPOConfig) -> RunInputs:
         reward = config.worker.reward
         reward_fn = load_reward_function(reward.reward_function, reward.reward_function_kwargs, reward.reward_type)
         prompts, val_dataset, steps_per_epoch = _prompts(config, tokenizer, processor, model_config, round_size)
+        check_reward_model_inputs(
+            config, tokenizer, val_dataset if val_dataset is not None else prompts.loader.dataset
+        )  # worker.reward_model
     total_steps = config.trainer.max_steps or steps_per_epoch * config.trainer.total_epochs
     return RunInputs(tokenizer, processor, model_config, prompts, val_dataset, reward_fn, total_steps)
 
