@@ -16,7 +16,7 @@ from helpers import ONE_PROCESS, REPO, demo_config, prompt_batch, train
 from easyr1.config import PPOConfig
 from easyr1.engines.base import pack_responses
 from easyr1.errors import ConfigError
-from easyr1.models.loading import load_tokenizer_and_processor
+from easyr1.models.loading import load_model_config, load_tokenizer_and_processor
 from easyr1.protocol import Batch
 from easyr1.reward import build_reward_inputs
 from easyr1.reward.function import RewardFunction
@@ -346,3 +346,35 @@ def test_vllm_judge_sees_the_image_and_matches_the_hf_judge(
         judge.close()
     assert texts[0] != texts[1]
     assert texts == HFJudge(str(judge_files["judge"]), settings, torch.float32, "cpu").judge(judge_requests)
+
+
+def test_plan_counts_the_judge_and_refuses_one_that_does_not_fit(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
+    """The plan has a reward-model phase after generation with the judge engine's share of the GPU; a 72B judge
+    beside a tiny policy on one H100 does not fit, and the refusal names the reward model's settings."""
+    from easyr1.plan import gpu_device, make_plan, measure_model
+    from easyr1.plan.check import check_plan_fits
+    from easyr1.plan.reference_models import write_reference_model
+
+    h100 = gpu_device("H100")
+    config = demo_config(
+        tiny_qwen2_5_vl_dir,
+        tiny_dataset_dir,
+        "trainer.device=cuda",
+        "trainer.n_gpus_per_node=1",
+        "worker.rollout.tensor_parallel_size=1",
+        "worker.reward_model.kind=classifier",
+        f"worker.reward_model.model_path={tiny_qwen2_5_vl_dir}",
+    )
+    config.worker.reward_model.kind = "judge"  # the checks above need no template for this plan
+    config.worker.reward_model.engine = "vllm"
+    size = measure_model(load_model_config(str(tiny_qwen2_5_vl_dir)))
+    plan = make_plan(config, h100, size, reward_model_size=size)
+    names = [phase.name for phase in plan.phases]
+    assert names[:2] == ["generation", "reward model"]
+    judge = dict(plan.phases[1].items)["reward model"]
+    assert judge == int(config.worker.reward_model.gpu_memory_utilization * h100.memory_bytes)
+    assert "reward model" not in names[2:] and all("reward model" not in dict(p.items) for p in plan.phases[2:])
+
+    config.worker.reward_model.model_path = str(write_reference_model("qwen2.5-vl-72b", tmp_path / "judge72b"))
+    with pytest.raises(ConfigError, match=r"worker\.reward_model\.gpu_memory_utilization"):
+        check_plan_fits(config, h100)

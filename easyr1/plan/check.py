@@ -51,8 +51,16 @@ def plan_run(config: Any, device: Device, **options: Any) -> tuple[Plan, list]:
     """The plan of ``config`` on ``device`` and the changes that would make it fit."""
     size, critic_size = model_sizes(config)
 
+    reward_model_size = None
+    if config.worker.reward_model.enabled:  # the judge or classifier on every worker
+        from easyr1.models.loading import load_model_config
+
+        reward_model_size = measure_model(load_model_config(config.worker.reward_model.model_path))
+
     def replan(changed: Any) -> Plan:
-        return make_plan(changed, device, size, critic_size=critic_size, **options)
+        return make_plan(
+            changed, device, size, critic_size=critic_size, reward_model_size=reward_model_size, **options
+        )
 
     plan = replan(config)
     return plan, suggest(config, plan, replan)
@@ -79,6 +87,11 @@ def check_plan_fits(config: Any, device: Device | None = None) -> str:
         if fixes
         else "no single setting tried makes it fit (more devices or a smaller model)"
     )
+    if plan.peak_phase.name == "reward model":
+        advice += (
+            "; the reward model's phase is the peak: lower worker.reward_model.gpu_memory_utilization (a vLLM judge), "
+            "worker.reward_model.micro_batch_size (a classifier) or use a smaller worker.reward_model.model_path"
+        )
     raise ConfigError(
         f"this run does not fit: {verdict(plan)}; device peak {gib(plan.device_peak)} GiB per worker, host "
         f"{gib(plan.host_worker_peak)} GiB per worker process, {gib(plan.host_node_total)} GiB per node. {advice}. "

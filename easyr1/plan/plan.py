@@ -33,7 +33,7 @@ from easyr1.plan.flops import StepFlops, forward_flops, step_flops, step_seconds
 from easyr1.plan.hardware import Device
 from easyr1.plan.host import driver_bytes, object_store_bytes, worker_base_bytes
 from easyr1.plan.model_size import ModelSize
-from easyr1.plan.rollout_engine import EnginePlan, engine_dtype, plan_engine
+from easyr1.plan.rollout_engine import EnginePlan, engine_dtype, plan_engine, plan_reward_model
 from easyr1.plan.states import ModelStates, actor_trainable, critic_trainable, dtype_bytes, model_states
 
 
@@ -165,12 +165,14 @@ def make_plan(
     size: ModelSize,
     *,
     critic_size: ModelSize | None = None,
+    reward_model_size: ModelSize | None = None,
     mfu: float = DEFAULT_MFU,
     prompt_fill: float = 1.0,
     response_fill: float = 1.0,
 ) -> Plan:
     """Plan ``config`` on ``device`` for the model of ``size`` (``critic_size``: the critic's own model when
-    ``worker.critic.model.model_path`` names another one). ``prompt_fill`` / ``response_fill``: mean lengths as
+    ``worker.critic.model.model_path`` names another one; ``reward_model_size``: ``worker.reward_model``'s, which is
+    planned only when given). ``prompt_fill`` / ``response_fill``: mean lengths as
     fractions of the maximum ones, for FLOPs and time only (memory is planned at the maximum lengths)."""
     trainer, data, worker = config.trainer, config.data, config.worker
     split = config.async_training.placement == "split"
@@ -228,6 +230,10 @@ def make_plan(
     )
     engine = plan_engine(config, size, engine_dtype(config, actor.precision.compute, kind), kind, device.memory_bytes)
     phases = _phases(states, engine, update, experience, split)
+    reward_model = None
+    if reward_model_size is not None and worker.reward_model.enabled and not split:
+        reward_model = plan_reward_model(config, reward_model_size, engine.dtype, kind, device.memory_bytes)
+        phases = _with_reward_model(phases, states, engine, reward_model)
     host_worker, host_node = _host(config, device, states, phases, size)
     flops = _flops(config, size, world, states, prompt_fill, response_fill)
     seconds = step_seconds(flops, trainer.world_size, device.peak_flops, mfu)
@@ -273,7 +279,27 @@ def make_plan(
         )
     if images:
         plan.notes.append(f"assumes {images} image(s) per sample at data.max_pixels={data.max_pixels}")
+    if reward_model is not None:
+        held = "while it scores, released otherwise" if reward_model.releases else "throughout (never released)"
+        plan.notes.append(
+            f"worker.reward_model ({worker.reward_model.kind}): {reward_model.claimed_bytes / GIB:.2f} GiB per worker "
+            f"{held}; worker.reward_model.gpu_memory_utilization / max_model_len / micro_batch_size size it"
+        )
     return plan
+
+
+def _with_reward_model(
+    phases: list[Phase], states: dict[str, ModelStates], engine: EnginePlan, reward_model: EnginePlan
+) -> list[Phase]:
+    """The phases with the reward model: its own phase after generation (the idle models' states, and the policy's
+    engine unless it released its memory), and its memory in every phase when it never releases it."""
+    idle = [(f"{role} states (idle)", s.resident_bytes(False, False)) for role, s in states.items()]
+    engine_item = [] if engine.releases else [("rollout engine (never released)", engine.claimed_bytes)]
+    scoring = Phase("reward model", (("reward model", reward_model.claimed_bytes), *idle, *engine_item))
+    if not reward_model.releases:
+        kept = ("reward model (never released)", reward_model.claimed_bytes)
+        phases = [Phase(phase.name, (*phase.items, kept)) for phase in phases]
+    return [phases[0], scoring, *phases[1:]]
 
 
 def _phases(

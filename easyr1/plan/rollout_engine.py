@@ -96,3 +96,27 @@ def plan_engine(config: Any, size: ModelSize, dtype: torch.dtype, device_kind: s
         kv = cpu_kv_cache_bytes(text_config, rows, length, dtype)
     # kv_cache_memory_bytes is what each rank of the TP group allocates (and touches: it is resident at once)
     return EnginePlan(dtype, weights, kv, 0, per_sequence, rows, False)
+
+
+def plan_reward_model(
+    config: Any, size: ModelSize, dtype: torch.dtype, device_kind: str, device_memory: int
+) -> EnginePlan:
+    """One worker's reward model (``worker.reward_model``), a whole copy per worker: a judge on vLLM claims
+    ``gpu_memory_utilization`` of the device while it judges and sleeps (level 1) otherwise, on CPU its weights and
+    ``cpu_kv_cache_gb`` stay; a judge on the HF engine or a classifier holds its weights (and one request's KV cache,
+    or ``micro_batch_size`` sequences' activations, counted as KV here), moved off the GPU between steps."""
+    settings, text = config.worker.reward_model, size.text
+    element = dtype_bytes(dtype)
+    weights = size.total * element
+    length = settings.max_model_len
+    per_sequence = text.layers * 2 * text.kv_heads * text.head_dim * element * length
+    on_gpu = device_kind == "cuda"
+    engine = settings.engine or config.worker.rollout.name
+    if settings.kind == "judge" and engine == "vllm":
+        if on_gpu:
+            claimed = int(settings.gpu_memory_utilization * device_memory)
+            kv = max(claimed - weights - VLLM_GPU_OVERHEAD_BYTES, 0)
+            return EnginePlan(dtype, weights, kv, VLLM_GPU_OVERHEAD_BYTES, per_sequence, 1, True)
+        return EnginePlan(dtype, weights, int(settings.cpu_kv_cache_gb * GIB), 0, per_sequence, 1, False)
+    rows = 1 if settings.kind == "judge" else settings.micro_batch_size
+    return EnginePlan(dtype, weights, rows * per_sequence, 0, per_sequence, rows, on_gpu)
