@@ -6,7 +6,7 @@ export OMP_NUM_THREADS ?= 1
 # compile torch, transformers, vLLM and easyr1 from source again, ~10 s each.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install install-gpu demo demo-agent test test-fast bench-faults bench-faults-async bench-async quality style clean
+.PHONY: install install-gpu demo demo-agent demo-async test test-fast bench-faults bench-faults-async bench-async quality style clean
 
 install:
 	bash scripts/install_cpu.sh
@@ -21,6 +21,10 @@ demo: install
 # The agent demo: a cursor moved onto a target seen only in the image, in up to 3 turns (docs/agents.md).
 demo-agent: install
 	$(PYTHON) -m easyr1.tools.demo --env target
+
+# The demo under the asynchronous schedule that learned best on it: one_step_off, 1 generator + 1 trainer.
+demo-async: install
+	$(PYTHON) -m easyr1.tools.demo --schedule one_step_off
 
 # The whole suite in four pytest processes side by side. In the foreground, the tests that start Ray, vLLM or a
 # training run, in two streams: the runs whose process is the point (kill -9, multi-node, the recipe's runs in a row:
