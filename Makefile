@@ -36,7 +36,7 @@ demo-async: install
 # own), so they take the time the foreground leaves idle rather than slowing it. Each Ray-using stream starts its own
 # local cluster (free ports, its own session directory).
 RUN_TESTS = tests/test_resume_fault.py tests/test_worker_lost.py tests/test_agent_resume.py tests/test_multinode.py \
-	tests/test_easyr1_recipe.py tests/test_agent_run.py
+	tests/test_easyr1_recipe.py tests/test_agent_run.py tests/test_one_step_off.py
 HEAVY = -m "ray or vllm or e2e" -p no:cacheprovider --durations=25
 BACKGROUND = setsid -w sh -c 'echo 19 >/proc/self/autogroup 2>/dev/null; exec nice -n 19 "$$@"' background
 test: install

@@ -1,11 +1,14 @@
-"""Fault test: ``kill -9`` the driver during a checkpoint write and at a random moment, resume, and get exactly
-the metrics of an uninterrupted run; the checkpoint directory never holds a partial step afterwards."""
+"""Fault test: ``kill -9`` the driver during a checkpoint write, resume, and get exactly the metrics of an
+uninterrupted run; the checkpoint directory never holds a partial step afterwards.
+
+Kills at other moments (generation, the update, validation, an agent run, and under the asynchronous schedules) are
+the kill sweeps outside the suite, minutes each: ``make bench-faults`` and ``make bench-faults-async``
+(bench/README.md)."""
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -80,9 +83,7 @@ def deterministic_metrics(run_dir: Path) -> dict[int, dict[str, float]]:
     }
 
 
-def test_kill_during_checkpoint_write_and_at_random_then_resume_exactly(
-    tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path
-):
+def test_kill_during_checkpoint_write_then_resume_exactly(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
     reference_dir, run_dir = tmp_path / "uninterrupted", tmp_path / "interrupted"
     # the uninterrupted run in this process: its process is not the point
     reference = train(run_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir, reference_dir))
@@ -92,34 +93,22 @@ def test_kill_during_checkpoint_write_and_at_random_then_resume_exactly(
 
     # 1. Killed while step 4's checkpoint is being written: the partial step stays on disk under its staging name.
     args = run_args(tiny_qwen2_5_vl_dir, tiny_dataset_dir, run_dir)
-    began = time.perf_counter()
-    process = start(args, tmp_path / "run1.log")
+    process = start(args, tmp_path / "run.log")
     partial = run_dir / "global_step_4.partial"
     deadline = time.monotonic() + 600
     while not partial.exists():
-        assert process.poll() is None, (tmp_path / "run1.log").read_text()[-4000:]
+        assert process.poll() is None, (tmp_path / "run.log").read_text()[-4000:]
         assert time.monotonic() < deadline, "step 4's checkpoint was never written"
         time.sleep(0.002)
-    # a whole run in a process of its own lasts about as long as this one took to reach step 4, times 6 / 4
-    run_seconds = (time.perf_counter() - began) * STEPS / 4
     kill_hard(process)
     assert partial.exists() and not (run_dir / "global_step_4").exists()
     assert CheckpointDirectory(run_dir).complete_steps() == [2]
 
-    # 2. Resumed, and killed again at a random moment of its run (or not at all if it finishes first).
-    seed = int(os.environ.get("EASYR1_FAULT_SEED", random.SystemRandom().randrange(10**6)))
-    delay = random.Random(seed).uniform(0.0, run_seconds)
-    process = start(args, tmp_path / "run2.log")
-    try:
-        process.wait(timeout=delay)
-    except subprocess.TimeoutExpired:
-        kill_hard(process)
-    context = f"(second kill after {delay:.1f} s; EASYR1_FAULT_SEED={seed} replays it)"
-
-    # 3. Resumed to the end.
-    final = train(args)  # resumed to the end, in this process
-    assert final.returncode == 0, f"{context}\n{final.stderr[-4000:]}"
-    assert "resumed from" in final.stdout, context
+    # 2. Resumed to the end (the leftover partial step removed, step 2 the newest).
+    final = train(args)  # in this process
+    assert final.returncode == 0, final.stderr[-4000:]
+    assert "resumed from" in final.stdout and "global_step_2" in final.stdout
+    context = "(killed during step 4's checkpoint write)"
 
     actual = deterministic_metrics(run_dir)
     assert sorted(actual) == list(range(1, STEPS + 1)), context
