@@ -28,9 +28,9 @@ demo-async: install
 
 # The whole suite in four pytest processes side by side. In the foreground, the tests that start Ray, vLLM or a
 # training run, in two streams: the runs whose process is the point (kill -9, multi-node, the recipe's runs in a row:
-# RUN_TESTS), which spend much of their time waiting for processes to start and stop, plus the agent runs (~60 s) so
-# that the two streams end about together (they took 597 s and 740 s), and the others (the 25 slowest of each
-# listed). In the background, the fast tier (none of those: `make test-fast`) and tests/gpu on the CPU with
+# RUN_TESTS), which spend much of their time waiting for processes to start and stop, plus the agent runs and the
+# one_step_off split runs (~60 s and ~80 s) so that the two streams end about together, and the others (the 25
+# slowest of each listed). In the background, the fast tier (none of those: `make test-fast`) and tests/gpu on the CPU with
 # Ray and vLLM unimportable, as on the GPU test machines, in a session of their own at the lowest priority (its
 # scheduler group's, /proc/PID/autogroup: a plain `nice` counts only within a session, and Ray's processes have their
 # own), so they take the time the foreground leaves idle rather than slowing it. Each Ray-using stream starts its own
