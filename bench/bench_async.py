@@ -233,6 +233,13 @@ def steps_per_second(run: Run, window: list[int]) -> tuple[float, float]:
     return len(wall) / sum(wall), len(timed) / sum(timed)
 
 
+def tokens_per_second(run: Run, window: list[int]) -> float:
+    """Response tokens trained per wall second over ``window``: the schedules train the same samples per step, but
+    their responses' lengths drift apart as the policies do (an older policy's samples, groups that finish first)."""
+    tokens = sum(r["response_length/mean"] * r["batch/samples"] for r in run.records if r["step"] in window)
+    return tokens / sum(run.step_wall[step] for step in window if step in run.step_wall)
+
+
 def summary(run: Run, window: list[int]) -> dict[str, float]:
     """Means of SUMMARY_KEYS over the measured steps; the staleness's max as a max."""
     rows = [r for r in run.records if r["step"] in window]
@@ -298,7 +305,7 @@ def load_runs(path: Path) -> tuple[list[Run], list[str], list[int]]:
     runs = []
     for size_out in saved["sizes"].values():
         for schedule, entry in size_out.items():
-            if schedule == "ratios":
+            if schedule in ("ratios", "token_ratios"):
                 continue
             for raw in entry["runs"]:
                 run = Run(**raw)
@@ -334,8 +341,11 @@ def report(runs: list[Run], sizes: list[str], window: list[int]) -> dict:
                 "staleness_max": max(maxima),
                 "runs": [asdict(r) for r in reps.values()],
             }
+            tokens = [tokens_per_second(r, window) for r in reps.values()]
+            size_out[schedule]["tokens_per_s"] = tokens
             line = f"{schedule:<15} {fmt(quartiles([w for w, _ in rates]))} steps/s"
-            line += f" (from timing/step {fmt(quartiles([t for _, t in rates]))})"
+            line += f" (from timing/step {fmt(quartiles([t for _, t in rates]))}),"
+            line += f" {fmt(quartiles(tokens), 0)} response tokens trained/s"
             print(line)
             parts = [
                 *(
@@ -372,7 +382,16 @@ def report(runs: list[Run], sizes: list[str], window: list[int]) -> dict:
             ]
             if paired:
                 ratios[schedule] = paired
-                print(f"{schedule} / sync, paired per repetition: {fmt(quartiles(paired), 2)}  ({len(paired)} pairs)")
+                per_token = [
+                    tokens_per_second(by[schedule][rep], window) / tokens_per_second(by["sync"][rep], window)
+                    for rep in by[schedule]
+                    if rep in by["sync"]
+                ]
+                size_out.setdefault("token_ratios", {})[schedule] = per_token
+                print(
+                    f"{schedule} / sync, paired per repetition: steps/s {fmt(quartiles(paired), 2)}, response "
+                    f"tokens trained/s {fmt(quartiles(per_token), 2)} ({len(paired)} pairs)"
+                )
         size_out["ratios"] = ratios
         results["sizes"][size] = size_out
         if ratios:
