@@ -6,7 +6,7 @@ export OMP_NUM_THREADS ?= 1
 # compile torch, transformers, vLLM and easyr1 from source again, ~10 s each.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install install-gpu demo demo-agent demo-async test test-fast bench-faults bench-faults-async bench-async quality style clean
+.PHONY: install install-gpu demo demo-agent demo-async demo-judge test test-fast bench-faults bench-faults-async bench-async quality style clean
 
 install:
 	bash scripts/install_cpu.sh
@@ -25,6 +25,10 @@ demo-agent: install
 # The demo under the asynchronous schedule that learned best on it: one_step_off, 1 generator + 1 trainer.
 demo-async: install
 	$(PYTHON) -m easyr1.tools.demo --schedule one_step_off
+
+# The demo trained on a reward model's scores only: a classifier judge trained first (docs/reward_models.md).
+demo-judge: install
+	$(PYTHON) -m easyr1.tools.demo --judge
 
 # The whole suite in four pytest processes side by side. In the foreground, the tests that start Ray, vLLM or a
 # training run, in two streams: the runs whose process is the point (kill -9, multi-node, the recipe's runs in a row:

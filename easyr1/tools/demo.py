@@ -22,6 +22,13 @@ image-blind control.
 the two colocated workers) and ends with::
 
     demo-async: schedule=<name> reward_first=<x> reward_last=<y> steps=<N> seconds=<wall>
+
+``python -m easyr1.tools.demo --judge [--seed S] [--shuffle-images]`` trains the shape demo on a reward model's scores
+only (the classifier of :mod:`easyr1.tools.demo_judge`, built on first use; ``reward_function/shape_color_judge.py``
+returns its score as the reward and logs the rule's ``accuracy`` beside it, never trained on) and ends with::
+
+    demo-judge: accuracy_first=<rule accuracy, first 10% of steps> accuracy_last=<last 10%> judge_accuracy=<the
+    judge's held-out accuracy> steps=<N> seconds=<wall>
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from typing import Any
 
 from easyr1.errors import UserError
 from easyr1.tools.demo_assets import DEMO_ROOT, prepare_demo_assets
+from easyr1.tools.demo_judge import judge_accuracy, judge_overrides
 
 
 DEMO_CONFIG = "examples/config_cpu.yaml"
@@ -83,16 +91,21 @@ def main(argv: list[str] | None = None) -> int:
         choices=sorted(SCHEDULE_OVERRIDES),
         help="train under this async_training.schedule (one_step_off: 1 generator + 1 trainer) and print demo-async",
     )
+    parser.add_argument(
+        "--judge", action="store_true", help="train on a reward model's scores only and print demo-judge"
+    )
     parser.add_argument("overrides", nargs="*", help="extra config overrides, key=value")
     args = parser.parse_args(argv)
     if args.env:
         if args.schedule:
             parser.error("--schedule trains the shape demo, not the agent demo: drop --env or --schedule")
         return agent_demo(args, start)
+    if args.judge and args.schedule:
+        parser.error("--judge trains the synchronous shape demo: drop --schedule or --judge")
 
     from easyr1.config import load_config
 
-    schedule = f"_{args.schedule}" if args.schedule else ""
+    schedule = f"_{args.schedule}" if args.schedule else "_judge" if args.judge else ""  # the run's name
     overrides = [
         f"config={DEMO_CONFIG}",
         f"data.seed={args.seed}",
@@ -100,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         f"worker.rollout.seed={args.seed}",
         f"trainer.experiment_name=shape_color_grpo{schedule}_seed{args.seed}",
         *schedule_overrides(args.schedule),
+        *(judge_overrides() if args.judge else []),
         # each demo run trains from scratch; pass trainer.find_last_checkpoint=true to continue an interrupted one
         "trainer.find_last_checkpoint=false",
         # greedy answers on the 128 held-out images before training and every 50 steps
@@ -126,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     config, metrics_file, records = finished
     history = [record for record in records if "reward/overall" in record]  # training steps, not step 0's validation
     validations = [record["val/reward_score"] for record in records if "val/reward_score" in record]
-    first, last = summarize(history)
+    first, last = summarize(history, "reward/accuracy" if args.judge else "reward/overall")
     print(f"per-step metrics: {metrics_file}")
     if validations:
         print(f"validation reward (greedy, held-out images): {' -> '.join(f'{v:.3f}' for v in validations)}")
@@ -136,6 +150,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"report (plots and rollouts with their images, open in a browser): {report}")
     final_actor = Path(config.trainer.save_checkpoint_path) / f"global_step_{len(history)}" / "actor"
     print(f"final checkpoint: {final_actor} (export: python scripts/model_merger.py --local_dir {final_actor})")
+    if args.judge:
+        label = "demo-judge-control" if args.shuffle_images else "demo-judge"
+        print(
+            f"{label}: accuracy_first={first:.3f} accuracy_last={last:.3f} judge_accuracy={judge_accuracy():.3f} "
+            f"steps={len(history)} seconds={time.time() - start:.0f}"
+        )
+        return 0
     label = "demo-async" if args.schedule else "demo"
     label += "-control" if args.shuffle_images else ""
     seconds = time.time() - start

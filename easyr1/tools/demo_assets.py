@@ -1,6 +1,7 @@
 """The demo's model and data, built on first use under ``.cache/demo``: the demo calls this before training, and
 ``python -m easyr1.tools.demo_assets`` builds them for ``examples/config_cpu.yaml`` and
-``examples/config_agent_cpu.yaml`` (the CLI itself never builds anything)."""
+``examples/config_agent_cpu.yaml``, and the judge demo's classifier (:mod:`easyr1.tools.demo_judge`; the CLI itself
+never builds anything)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,10 @@ def _inside(path: str | None, root: Path) -> bool:
 def prepare_demo_assets(config: Any) -> None:
     """Build the tiny model and shape data when the config points into ``.cache/demo`` and they are missing."""
     model_path = config.worker.actor.model.model_path
+    if _inside(config.worker.reward_model.model_path, DEMO_ROOT):  # the judge demo's classifier
+        from easyr1.tools.demo_judge import ensure_demo_judge
+
+        ensure_demo_judge(config.worker.reward_model.model_path)
     if not (_inside(model_path, DEMO_ROOT) or _inside(config.data.train_files, DEMO_ROOT)):
         return
     family = Path(model_path).name if _inside(model_path, DEMO_ROOT) else "qwen2_5_vl"
@@ -96,7 +101,10 @@ def main() -> int:
     """Build the CPU demo's tiny models (single-turn and agent) and the shape data under ``.cache/demo``."""
     model_dir, data_dir = ensure_demo_assets(DEMO_ROOT)
     agent_dir = ensure_agent_demo_model(DEMO_ROOT)
-    print(f"demo assets: model {model_dir}, agent model {agent_dir}, data {data_dir}")
+    from easyr1.tools.demo_judge import ensure_demo_judge  # imported here: it builds on this module
+
+    judge_dir = ensure_demo_judge()
+    print(f"demo assets: model {model_dir}, agent model {agent_dir}, judge {judge_dir}, data {data_dir}")
     return 0
 
 
