@@ -6,7 +6,7 @@ export OMP_NUM_THREADS ?= 1
 # compile torch, transformers, vLLM and easyr1 from source again, ~10 s each.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install install-gpu demo demo-agent demo-async demo-judge test test-fast bench-faults bench-faults-async bench-async quality style clean
+.PHONY: install install-gpu demo demo-agent demo-async demo-judge test test-fast bench-faults bench-faults-async bench-async bench-demo-judge quality style clean
 
 install:
 	bash scripts/install_cpu.sh
@@ -76,6 +76,10 @@ bench-faults-async: install
 # with `async-vs-sync: ...` (bench/README.md); ~25 minutes on 2 cores. `--correction` is the correction comparison.
 bench-async: install
 	PYTHONPATH=$$PWD $(PYTHON) bench/bench_async.py
+
+# The judge demo's acceptance: demo --judge on seeds 1-3 and their image-blind controls, one after another (~25 min).
+bench-demo-judge: install
+	PYTHONPATH=$$PWD $(PYTHON) bench/demo_judge_seeds.py
 
 quality: install
 	$(PYTHON) -m ruff check easyr1 tests scripts bench reward_function
