@@ -149,8 +149,8 @@ class Run:
 
 
 def run_env() -> dict[str, str]:
-    """The runs' environment: the driver on one thread (each worker gets the cores divided by the workers, set by
-    easyr1), vLLM's CPU settings, Ray's workers at the driver's priority."""
+    """The runs' environment: the driver on one thread (easyr1 gives each worker the cores divided by the workers),
+    vLLM's KV cache sized by easyr1, Ray's workers at the driver's priority."""
     env = dict(os.environ)
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # easyr1 sizes its KV cache itself
     env.update(
