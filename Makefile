@@ -73,7 +73,7 @@ bench-faults-async: install
 	PYTHONPATH=$$PWD $(PYTHON) bench/faults_kill_async.py --schedule partial_rollout --seed $${SEED:-0}
 
 # sync vs one_step_off (1 + 1 split) vs partial_rollout on long-tailed lengths at 0.8 M and 15 M, interleaved; ends
-# with `async-vs-sync: ...` (bench/README.md); ~25 minutes on 2 cores. `--correction` is the correction comparison.
+# with `async-vs-sync: ...` (bench/README.md); ~50 minutes on 2 shared cores. `--correction`: the correction comparison.
 bench-async: install
 	PYTHONPATH=$$PWD $(PYTHON) bench/bench_async.py
 
