@@ -43,9 +43,9 @@ class JudgeTraining:
     seed: int = 1
     num_train_images: int = 512
     num_heldout_images: int = 64
-    steps: int = 300
+    steps: int = 1500
     batch_size: int = 32
-    lr: float = 2e-3
+    lr: float = 1e-3
     max_prompt_length: int = 40  # the shape prompt's 33 tokens; less padding to train through than the demo's 64
     response_length: int = 4  # the demo's worker.rollout max_response_length
     pixels: int = 3136  # the demo's data.min_pixels / max_pixels
@@ -189,7 +189,7 @@ def build_shape_judge(out_dir: str | Path, settings: JudgeTraining | None = None
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        if log and step % 50 == 0 and step < settings.steps:
+        if log and step % 100 == 0 and step < settings.steps:
             accuracy = heldout_accuracy(model, heldout_pairs)
             print(
                 f"judge training: step {step}/{settings.steps} loss={loss.item():.3f} held-out {accuracy:.3f}",
