@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -218,8 +219,13 @@ def judge_overrides(path: str | Path = JUDGE_DIR) -> list[str]:
 
 
 def ensure_demo_judge(path: str | Path = JUDGE_DIR) -> Path:
-    """Build the demo's judge at ``path`` unless it is there; return its directory."""
-    return build_once(Path(path), build_shape_judge)
+    """Build the demo's judge at ``path`` unless it is there, trained with today's :class:`JudgeTraining`; return
+    its directory. A judge recorded with other settings (built by an older version) is built again."""
+    path = Path(path)
+    record = path / ACCURACY_FILE
+    if record.is_file() and json.loads(record.read_text(encoding="utf-8")).get("settings") != vars(JudgeTraining()):
+        shutil.rmtree(path)
+    return build_once(path, build_shape_judge)
 
 
 def judge_accuracy(path: str | Path = JUDGE_DIR) -> float:
