@@ -121,7 +121,7 @@ def test_a_config_pointing_at_the_agent_model_gets_it_built(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)  # the demo's assets live under .cache/demo of the working directory
     model_path = str(tmp_path / ".cache" / "demo" / "model" / AGENT_MODEL_NAME)
     model = SimpleNamespace(model_path=model_path)
-    worker = SimpleNamespace(actor=SimpleNamespace(model=model))
+    worker = SimpleNamespace(actor=SimpleNamespace(model=model), reward_model=SimpleNamespace(model_path=None))
     config = SimpleNamespace(worker=worker, data=SimpleNamespace(train_files=None))
     prepare_demo_assets(config)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
