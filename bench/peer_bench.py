@@ -148,7 +148,7 @@ class TreeRss:
 
 def ensure_assets(sizes: list[str]) -> tuple[dict[str, Path], Path]:
     """Build the model directory per size and the 84x84 shape dataset once (marker files); return their paths."""
-    from easyr1.tools.demo_assets import build_once
+    from easyr1.tools.build_cache import build_once
     from easyr1.tools.tiny_dataset import build_shape_dataset
     from easyr1.tools.tiny_model import build_tiny_model
 

@@ -5,20 +5,16 @@ never builds anything)."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from easyr1.envs.target import ACTION_WORDS
+from easyr1.tools.build_cache import DEMO_ROOT, build_once
 from easyr1.tools.tiny_dataset import build_shape_dataset
 from easyr1.tools.tiny_model import build_tiny_model
 
 
-_MARKER = ".complete"
-DEMO_ROOT = Path(".cache/demo")
 # The agent demo's model directory under ``root/model``: the demo model with the target task's action words.
 AGENT_MODEL_NAME = "qwen2_5_vl_agent"
 
@@ -47,31 +43,6 @@ def prepare_demo_assets(config: Any) -> None:
         ensure_agent_demo_model(DEMO_ROOT)
         return
     ensure_demo_assets(DEMO_ROOT, family=family)
-
-
-def build_once(target: Path, build: Callable[[Path], Any]) -> Path:
-    """Run ``build(tmp_dir)`` unless ``target`` is complete; publish the result with a rename.
-
-    The marker file is written last and the directory appears under its final name only when complete, so an
-    interrupted build is never mistaken for a finished one.
-    """
-    if (target / _MARKER).exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    build(tmp)
-    (tmp / _MARKER).write_text("complete\n", encoding="utf-8")
-    if target.exists():  # a half-built leftover from an older, interrupted run
-        shutil.rmtree(target)
-    try:
-        os.replace(tmp, target)
-    except OSError:
-        # Another process published the same assets first; theirs are equivalent (same seed), keep them.
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (target / _MARKER).exists():
-            raise
-    return target
 
 
 def ensure_demo_assets(root: str | Path = ".cache/demo", family: str = "qwen2_5_vl") -> tuple[Path, Path]:

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from easyr1.tools.demo_assets import DEMO_ROOT, build_once
+from easyr1.tools.build_cache import DEMO_ROOT, build_once
 from easyr1.tools.shape_task import COLOURS
 
 
