@@ -50,6 +50,7 @@ class JudgeTraining:
     max_prompt_length: int = 40  # the shape prompt's 33 tokens; less padding to train through than the demo's 64
     response_length: int = 4  # the demo's worker.rollout max_response_length
     pixels: int = 3136  # the demo's data.min_pixels / max_pixels
+    empty_share: float = 0.1  # empty answers (EOS alone): unseen, the judge scored them ~0.5, a reward to hack
 
 
 def _shape_accuracy() -> Any:
@@ -99,7 +100,10 @@ class _Pairs:
 
     def response(self, truth: str, rng: random.Random) -> list[int]:
         """A candidate response: a colour word, the right one (35%) or a wrong one (40%), or 1-3 filler tokens
-        (25%); half of them end with the end-of-sequence token, as a policy's finished answer does."""
+        (25%), half of them ending with the end-of-sequence token, as a policy's finished answer does; or
+        (``empty_share``) the end-of-sequence token alone, which the judge must not reward either."""
+        if rng.random() < self.settings.empty_share:
+            return [self.eos_id]
         draw = rng.random()
         if draw < 0.35:
             ids = [rng.choice(self.colour_ids[truth])]
@@ -179,6 +183,8 @@ def build_shape_judge(out_dir: str | Path, settings: JudgeTraining | None = None
     language_model = load_model(str(out_dir), torch.float32)
     model = ValueModel(language_model).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.0)
+    # decayed to zero: the held-out accuracy swings by 0.1-0.3 between checks at a constant rate
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / settings.steps)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     for step in range(1, settings.steps + 1):
         rows = [rng.randrange(len(train_pairs.items)) for _ in range(settings.batch_size)]
@@ -190,6 +196,7 @@ def build_shape_judge(out_dir: str | Path, settings: JudgeTraining | None = None
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        schedule.step()
         if log and step % 100 == 0 and step < settings.steps:
             accuracy = heldout_accuracy(model, heldout_pairs)
             print(
