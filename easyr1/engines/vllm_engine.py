@@ -206,6 +206,7 @@ class VLLMEngine:
         self.weights_discarded = False  # the engine starts awake with the checkpoint's weights
         self.sleeping: set[str] = set()  # what sleep released and no wake has re-allocated yet
         self.reload_reason: str | None = None
+        self.stepwise_calls = 0  # numbers the requests of each step-driven call (ids unique per engine)
         self.choose_weight_sync()
         self.pad_token_id = pad_token_id
         self.logit_bias = {token: BANNED_TOKEN_BIAS for token in banned_token_ids} or None
@@ -293,14 +294,14 @@ class VLLMEngine:
         from vllm.sampling_params import RequestOutputKind
 
         engine = self.llm.llm_engine
-        self.calls = getattr(self, "calls", 0) + 1
+        self.stepwise_calls += 1
         uids = [str(uid) for uid in prompts["uid"]] if "uid" in prompts else [str(row) for row in range(len(prompts))]
         must = prompts["must_finish"].tolist() if "must_finish" in prompts else [False] * len(prompts)
         new_ids: list[list[int]] = [[] for _ in range(len(prompts))]
         new_log_probs: list[list[float]] = [[] for _ in range(len(prompts))]
         ended = [False] * len(prompts)
-        rows_of: dict[str, int] = {}
         open_rows: dict[str, int] = {}  # request id -> row, for the requests still running
+        running_in_group: dict[str, int] = {}  # uid -> its rows still running
         for row in range(len(prompts)):
             partial_ids, _ = partial_of(prompts, row)
             budget = sampling.max_tokens - len(partial_ids)
@@ -324,11 +325,10 @@ class VLLMEngine:
                 logit_bias=self.logit_bias,
                 output_kind=RequestOutputKind.CUMULATIVE,  # the tokens so far of every running request, each step
             )
-            request_id = f"easyr1-{self.calls}-{row}"
+            request_id = f"easyr1-{self.stepwise_calls}-{row}"
             engine.add_request(request_id, self.llm._preprocess_cmpl_one(request), params)
             open_rows[request_id] = row
-            rows_of[uids[row]] = rows_of.get(uids[row], 0) + 1
-        running_in_group = dict(rows_of)
+            running_in_group[uids[row]] = running_in_group.get(uids[row], 0) + 1
         complete_groups = 0
         must_left = sum(1 for row in open_rows.values() if must[row])
         engine_prompts: dict[int, list[int]] = {}

@@ -205,8 +205,7 @@ class PartialRolloutStage:
         batch = Batch.concat(rows)
         batch["sample_id"] = torch.arange(len(batch)) + self.single_turn.samples_generated
         self.single_turn.samples_generated += len(batch)
-        kept = batch.pop(*[key for key in self.held_back if key in batch])
-        del kept  # the engine reads neither; the pool keeps its own copies
+        batch.pop(*[key for key in self.held_back if key in batch])  # the engine reads neither; the pool keeps them
         quota = -(-needed // workers)
         output = self.workers.run_split(HybridWorker.generate, batch, self.single_turn.sampling(), stop_groups=quota)
         sent = new = 0
