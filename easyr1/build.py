@@ -34,6 +34,8 @@ from easyr1.models.loading import load_model_config, load_tokenizer_and_processo
 from easyr1.reward import LocalRewardScorer, RewardScorer, load_reward_function
 from easyr1.reward.timed import timed_reward_function
 from easyr1.reward_model.checks import check_reward_model_inputs
+from easyr1.reward_model.client import RewardModelClient
+from easyr1.reward_model.worker import RewardModelWorker
 from easyr1.schedules.one_step_off import OneStepOffStage
 from easyr1.schedules.partial_rollout import PartialRolloutStage
 from easyr1.stages.multi_turn import EpisodeSeeds, MultiTurnStage
@@ -138,31 +140,44 @@ def build_trainer(config: PPOConfig, inputs: RunInputs | None = None) -> Trainer
     else:
         workers = start_workers(config, device)
     scorer: RewardScorer | None = None
+    reward_model: RewardModelClient | None = None
     try:
         if split:
             generators = start_workers(config, device, GENERATOR, generator_count)
+        own_workers = start_reward_model_workers(config, device)  # worker.reward_model.placement=standalone
+        if own_workers is not None:
+            print(f"easyr1: reward model: {own_workers.describe()}", flush=True)
+            reward_model = RewardModelClient(config, workers, own_workers)
         print(f"easyr1: {workers.describe()}", flush=True)
         workers.check_shared_directory(config.trainer.save_checkpoint_path, "trainer.save_checkpoint_path")
         if generators is not None:
             print(f"easyr1: generators: {generators.describe()}", flush=True)
-            # both groups load at once; then trainer rank 0 and the generators form the push group
-            loading = [(workers, workers.submit(HybridWorker.init_models))]
-            loading.append((generators, generators.submit(HybridWorker.init_models)))
-            collect_all(loading)
-            connect_weight_push(workers, generators)
-        else:
+        # every group loads at once; then trainer rank 0 and the generators form the push group
+        if generators is None and reward_model is None:
             workers.run_all(HybridWorker.init_models)
+        else:
+            loading = [(workers, workers.submit(HybridWorker.init_models))]
+            if generators is not None:
+                loading.append((generators, generators.submit(HybridWorker.init_models)))
+            if reward_model is not None:
+                own_workers = reward_model.own_workers
+                loading.append((own_workers, own_workers.submit(RewardModelWorker.init_models)))
+            collect_all(loading)
+        if generators is not None:
+            connect_weight_push(workers, generators)
         if config.env.enabled:
             stage: Any = MultiTurnStage(config, workers, tokenizer, inputs.processor, inputs.model_config)
         elif config.async_training.schedule == "partial_rollout":
             scorer = start_scorer(config, inputs.reward_fn)
-            stage = PartialRolloutStage(config, workers, scorer, prompts, tokenizer, inputs.val_dataset)
+            stage = PartialRolloutStage(config, workers, scorer, prompts, tokenizer, inputs.val_dataset, reward_model)
         elif config.async_training.schedule == "one_step_off":
             scorer = start_scorer(config, inputs.reward_fn)
-            stage = OneStepOffStage(config, workers, generators, scorer, prompts, tokenizer, inputs.val_dataset)
+            stage = OneStepOffStage(
+                config, workers, generators, scorer, prompts, tokenizer, inputs.val_dataset, reward_model
+            )
         else:
             scorer = start_scorer(config, inputs.reward_fn)
-            stage = SingleTurnStage(config, workers, scorer, prompts, tokenizer, inputs.val_dataset)
+            stage = SingleTurnStage(config, workers, scorer, prompts, tokenizer, inputs.val_dataset, reward_model)
         trainer = Trainer(
             config,
             workers=workers,
@@ -182,6 +197,8 @@ def build_trainer(config: PPOConfig, inputs: RunInputs | None = None) -> Trainer
             generators.shutdown()
         if scorer is not None:
             scorer.close()
+        if reward_model is not None:  # once the trainer is built, Trainer.shutdown closes it (through the stage)
+            reward_model.close()
         raise
     return trainer
 
@@ -258,6 +275,28 @@ def start_workers(config: PPOConfig, device: str, role: str = HYBRID, num_worker
         threads_per_worker=threads,
         backend=pick_backend(device),
         cache_sample_tensors=config.trainer.cache_sample_tensors,
+    )
+
+
+def start_reward_model_workers(config: PPOConfig, device: str) -> Any:
+    """``worker.reward_model.placement=standalone``: the reward model's own group of ``num_workers`` Ray actors on one
+    node, a device each (models not loaded yet); None otherwise."""
+    settings = config.worker.reward_model
+    if not settings.enabled or settings.placement != "standalone":
+        return None
+    from easyr1.distributed.worker_group import WorkerGroup
+
+    threads = GPU_WORKER_THREADS
+    if device == "cpu":
+        threads = max(1, (os.cpu_count() or 1) // config.trainer.n_gpus_per_node)
+    return WorkerGroup(
+        RewardModelWorker,
+        settings.num_workers,
+        init_args=(config,),
+        gpus_per_worker=1 if device == "cuda" else 0,
+        threads_per_worker=threads,
+        backend=pick_backend(device),
+        cache_sample_tensors=False,
     )
 
 

@@ -46,6 +46,7 @@ from easyr1.logging.trackers import Tracker
 from easyr1.on_policy import reuses_update_log_probs
 from easyr1.protocol import ACTOR_FIELDS, Batch
 from easyr1.reward import Rewards, RewardScorer
+from easyr1.reward_model.client import reward_model_metrics
 from easyr1.schedules.versions import staleness
 from easyr1.stages import RolloutStage
 from easyr1.workers.hybrid_worker import HybridWorker
@@ -194,7 +195,14 @@ class Trainer:
         trainer = self.config.trainer
         if trainer.rollouts_to_log > 0 and (step == 1 or step % max(trainer.rollout_log_freq, 1) == 0):
             write_rollouts(
-                self.log_dir, step, batch, rewards.scores, rewards.sub_scores, self.tokenizer, trainer.rollouts_to_log
+                self.log_dir,
+                step,
+                batch,
+                rewards.scores,
+                rewards.sub_scores,
+                self.tokenizer,
+                trainer.rollouts_to_log,
+                reward_model=rewards.reward_model,
             )
         return {**self._step_metrics(batch, rewards, worker_metrics, timings), **metrics}
 
@@ -391,6 +399,7 @@ class Trainer:
         if rewards.timed_out is not None:  # worker.reward.timeout_score: samples scored with it, not by the function
             timed_out = [flag for flag, keep in zip(rewards.timed_out, real.tolist()) if keep]
             metrics["reward/timeouts"] = float(sum(timed_out))
+        metrics.update(reward_model_metrics(rewards))  # worker.reward_model: its mean score, unparseable judgements
         for key in sorted({key for worker in worker_metrics for key in worker}):
             metrics[key] = float(np.mean([worker[key] for worker in worker_metrics if key in worker]))
         metrics.update({f"timing/{name}": seconds for name, seconds in timings.items()})

@@ -10,6 +10,7 @@ from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -229,3 +230,51 @@ def vllm_generate(model_dir: Path, requests: list, params, **engine_args) -> lis
         outputs = llm.generate(requests, params, use_tqdm=False)
         del llm
     return outputs
+
+
+# A judge parser whose score is a function of the whole judgement: different texts, different scores.
+JUDGE_PARSER_FILE = "def parse(text):\n    return float(sum(ord(c) * (i + 1) for i, c in enumerate(text)) % 1000)\n"
+
+
+def tiny_judge_files(root: Path) -> dict[str, Path]:
+    """Under ``root``: a tiny random judge (seed 1), a tiny classifier (value head, seed 2), a judge template and a
+    parser file (:data:`JUDGE_PARSER_FILE`)."""
+    from easyr1.tools.tiny_judge import build_tiny_judge, write_template
+
+    parser = root / "parser.py"
+    parser.write_text(JUDGE_PARSER_FILE)
+    return {
+        "judge": build_tiny_judge(root / "judge", "judge", seed=1),
+        "classifier": build_tiny_judge(root / "classifier", "classifier", seed=2),
+        "template": write_template(root / "judge.jinja"),
+        "parser": parser,
+    }
+
+
+def judge_config(model_dir: Path, data_dir: Path, files: dict[str, Path], *overrides: str) -> PPOConfig:
+    """The demo config with the tiny judge of ``files`` on the HF engine (6 tokens), its template and parser file."""
+    return demo_config(
+        model_dir,
+        data_dir,
+        "worker.reward_model.kind=judge",
+        f"worker.reward_model.model_path={files['judge']}",
+        f"worker.reward_model.template={files['template']}",
+        f"worker.reward_model.parser={files['parser']}:parse",
+        "worker.reward_model.engine=hf",
+        "worker.reward_model.max_tokens=6",
+        *overrides,
+    )
+
+
+def one_response_two_images(model_dir: Path, data_dir: Path) -> Batch:
+    """Two shape prompts (the same question, different images) with the same response and the same answer."""
+    prompts = prompt_batch(model_dir, data_dir, 2)
+    first, second = (data["images"][0] for data in prompts["multi_modal_data"])
+    assert list(prompts["raw_prompt_ids"][0]) == list(prompts["raw_prompt_ids"][1])
+    assert first.tobytes() != second.tobytes()
+    response = [40, 41, 42, 43]
+    batch = pack_responses(prompts, [response, response], [[0.0] * 4] * 2, 6, pad_token_id=0)
+    answers = np.empty(2, dtype=object)
+    answers[:] = ["red", "red"]  # the judge is shown the answer too: the same for both
+    batch["ground_truth"] = answers
+    return batch

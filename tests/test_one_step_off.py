@@ -2,7 +2,9 @@
 
 One uninterrupted 4-step run (a checkpoint at step 2, validation after step 4) and one run resumed from its step 2
 are shared by the Ray tests; the HF engine (its model copy is what the checksum reads, and it starts faster than vLLM
-on CPU). The kill -9 version of the resume is in ``bench/faults_kill_sweep.py``'s reach, not here.
+on CPU). Both runs also score with a classifier on a worker of its own (``worker.reward_model.placement=standalone``,
+the only placement a split run can host it on): its scores are logged and resume exactly too. The kill -9 version
+of the resume is in ``bench/faults_kill_sweep.py``'s reach, not here.
 """
 
 from __future__ import annotations
@@ -62,7 +64,10 @@ def run_split(args: list[str]) -> SplitRun:
 @pytest.fixture(scope="module")
 def split_runs(tiny_qwen2_5_vl_dir: Path, tiny_dataset_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     """(uninterrupted 4 steps, resumed from its step 2 to step 4)."""
+    from easyr1.tools.tiny_judge import build_tiny_judge
+
     root = tmp_path_factory.mktemp("one_step_off")
+    classifier = build_tiny_judge(root / "classifier", "classifier", seed=2)
     args = [
         f"config={REPO / 'examples' / 'config_cpu.yaml'}",
         f"worker.actor.model.model_path={tiny_qwen2_5_vl_dir}",
@@ -76,6 +81,9 @@ def split_runs(tiny_qwen2_5_vl_dir: Path, tiny_dataset_dir: Path, tmp_path_facto
         "trainer.save_freq=2",
         "trainer.val_freq=4",  # after the last step: the generators get the final weights first
         "trainer.logger=[file]",
+        "worker.reward_model.kind=classifier",
+        f"worker.reward_model.model_path={classifier}",
+        "worker.reward_model.placement=standalone",
         *SPLIT,
     ]
     whole = run_split([*args, f"trainer.save_checkpoint_path={root / 'whole'}", f"trainer.log_dir={root / 'whole'}"])
@@ -102,6 +110,7 @@ def test_split_one_step_off_is_one_version_stale_and_pushes_the_trainers_weights
         assert 0.0 <= step["async/trainer_wait_ratio"] <= 1.0
         assert 0.0 <= step["async/generator_idle_ratio"] <= 1.0
         assert step["perf/weight_push_bytes"] > 0
+        assert step["reward_model/unparseable"] == 0.0 and step["reward_model/score_mean"] != 0.0
     # after the last step's validation push the generator's engine holds exactly the trainer's weights
     assert whole.generator_checksums[0] == pytest.approx(whole.trainer_checksums[0], rel=1e-12, abs=1e-9)
     sent, received = whole.push["sent"][0], whole.push["received"][0]

@@ -11,66 +11,39 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ONE_PROCESS, REPO, demo_config, prompt_batch, train
+from helpers import (
+    ONE_PROCESS,
+    REPO,
+    demo_config,
+    judge_config,
+    one_response_two_images,
+    tiny_judge_files,
+    train,
+)
 
 from easyr1.config import PPOConfig
-from easyr1.engines.base import pack_responses
 from easyr1.errors import ConfigError
 from easyr1.models.loading import load_model_config, load_tokenizer_and_processor
 from easyr1.protocol import Batch
-from easyr1.reward import build_reward_inputs
+from easyr1.reward import Rewards, build_reward_inputs
 from easyr1.reward.function import RewardFunction
 from easyr1.reward_model.checks import check_reward_model_inputs
-from easyr1.reward_model.client import RewardModelClient, image_counts, render_requests
+from easyr1.reward_model.client import image_counts, render_requests, reward_model_metrics
 from easyr1.reward_model.parser import JudgementParser
 from easyr1.reward_model.scorer import PARSED, REQUEST, SCORE, TEXT, RewardModelScorer, _objects
 from easyr1.reward_model.template import JudgeTemplate
-from easyr1.tools.tiny_judge import build_tiny_judge, write_template
-
-
-# A parser whose score is a function of the whole judgement: different texts, different scores.
-PARSER_FILE = "def parse(text):\n    return float(sum(ord(c) * (i + 1) for i, c in enumerate(text)) % 1000)\n"
 
 
 @pytest.fixture(scope="module")
 def judge_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A tiny judge, a tiny classifier (value head, seed 2), a judge template and a parser file."""
-    root = tmp_path_factory.mktemp("reward_models")
-    parser = root / "parser.py"
-    parser.write_text(PARSER_FILE)
-    return {
-        "judge": build_tiny_judge(root / "judge", "judge", seed=1),
-        "classifier": build_tiny_judge(root / "classifier", "classifier", seed=2),
-        "template": write_template(root / "judge.jinja"),
-        "parser": parser,
-    }
+    return tiny_judge_files(tmp_path_factory.mktemp("reward_models"))
 
 
 @pytest.fixture(scope="module")
 def same_response_two_images(tiny_qwen2_5_vl_dir: Path, tiny_dataset_dir: Path) -> Batch:
     """Two shape prompts (the same question, different images) with the same response."""
-    prompts = prompt_batch(tiny_qwen2_5_vl_dir, tiny_dataset_dir, 2)
-    first, second = (data["images"][0] for data in prompts["multi_modal_data"])
-    assert list(prompts["raw_prompt_ids"][0]) == list(prompts["raw_prompt_ids"][1])
-    assert first.tobytes() != second.tobytes()
-    response = [40, 41, 42, 43]
-    batch = pack_responses(prompts, [response, response], [[0.0] * 4] * 2, 6, pad_token_id=0)
-    batch["ground_truth"] = _objects(["red", "red"])  # the judge is shown the answer too: the same for both
-    return batch
-
-
-def judge_config(model_dir: Path, data_dir: Path, files: dict[str, Path], *overrides: str):
-    return demo_config(
-        model_dir,
-        data_dir,
-        "worker.reward_model.kind=judge",
-        f"worker.reward_model.model_path={files['judge']}",
-        f"worker.reward_model.template={files['template']}",
-        f"worker.reward_model.parser={files['parser']}:parse",
-        "worker.reward_model.engine=hf",
-        "worker.reward_model.max_tokens=6",
-        *overrides,
-    )
+    return one_response_two_images(tiny_qwen2_5_vl_dir, tiny_dataset_dir)
 
 
 def judged(config, batch: Batch, tokenizer) -> tuple[Batch, list[str]]:
@@ -171,7 +144,12 @@ def test_unparseable_judgements_get_the_configured_score(
     results, _ = judged(config, same_response_two_images, tokenizer)
     assert results[SCORE].tolist() == [-3.5, -3.5]
     assert not results[PARSED].any()
-    assert RewardModelClient.metrics(results)["reward_model/unparseable"] == 2.0
+    texts = list(results[TEXT])
+    rewards = Rewards(
+        {"overall": [-3.5, -3.5]},
+        reward_model=[{"score": -3.5, "text": text, "parsed": False} for text in texts],
+    )
+    assert reward_model_metrics(rewards) == {"reward_model/score_mean": -3.5, "reward_model/unparseable": 2.0}
 
 
 def test_parsers(tmp_path):

@@ -22,6 +22,7 @@ from easyr1.config.rules import AT_LEAST_ONE, NON_NEGATIVE, OPEN_UNIT, one_of
 REWARD_MODEL_KINDS = ("classifier", "judge")
 NORMALIZATIONS = ("none", "sigmoid")
 REWARD_MODEL_ENGINES = ("vllm", "hf")
+REWARD_MODEL_PLACEMENTS = ("colocated", "standalone")
 # The first number in the judgement: the parser when none is given.
 DEFAULT_PARSER = r"(-?\d+(?:\.\d+)?)"
 # The reward function of a run with a reward model and no reward file: the reward model's score is the reward.
@@ -65,6 +66,14 @@ class RewardModelConfig:
     )
     max_model_len: int = option(2048, "judge on vLLM: longest request + judgement it handles")
     cpu_kv_cache_gb: float = option(0.25, "judge on vLLM on CPU: GiB of its KV cache")
+    placement: str = option(
+        "colocated",
+        "colocated (on the hybrid workers, asleep while the policy generates and trains) or standalone (workers of "
+        "its own, each with a device, scoring while the policy computes its log-probs)",
+    )
+    num_workers: int = option(
+        1, "standalone: how many reward model workers, each with a device of its own (one node), beside the trainer's"
+    )
 
     @property
     def enabled(self) -> bool:
@@ -82,6 +91,7 @@ REWARD_MODEL_RANGES = {
     "max_model_len": AT_LEAST_ONE,
     "cpu_kv_cache_gb": (lambda v: v > 0, "positive"),
     "seed": NON_NEGATIVE,
+    "num_workers": AT_LEAST_ONE,
 }
 
 
@@ -108,6 +118,17 @@ def check_reward_model(config: Any, problems: list[str]) -> None:
         return
     one_of(problems, "worker.reward_model.kind", section.kind, REWARD_MODEL_KINDS)
     one_of(problems, "worker.reward_model.normalize", section.normalize, NORMALIZATIONS)
+    one_of(problems, "worker.reward_model.placement", section.placement, REWARD_MODEL_PLACEMENTS)
+    if section.placement == "standalone" and config.trainer.single_process:
+        problems.append(
+            "worker.reward_model.placement=standalone runs the reward model in Ray workers of its own; "
+            "trainer.single_process=true has none: set worker.reward_model.placement=colocated"
+        )
+    if section.placement == "colocated" and config.async_training.placement == "split":
+        problems.append(
+            "async_training.placement=split: the generators hold the engine alone and the trainers no engine, so "
+            "neither can host worker.reward_model; set worker.reward_model.placement=standalone"
+        )
     if section.engine is not None:
         one_of(problems, "worker.reward_model.engine", section.engine, REWARD_MODEL_ENGINES)
     if section.model_path is None:

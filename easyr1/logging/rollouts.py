@@ -106,9 +106,11 @@ def write_rollouts(
     sub_scores: dict[str, list[float]],
     tokenizer: Any,
     count: int,
+    reward_model: list[dict[str, Any]] | None = None,
 ) -> None:
     """Append ``count`` prompts of ``batch`` (a scored rollout batch) with all their responses to rollouts.jsonl;
-    with ``episode`` records in the batch, each response's episode turn by turn (see the module docstring)."""
+    with ``episode`` records in the batch, each response's episode turn by turn (see the module docstring);
+    ``reward_model``: each sample's reward model result (``worker.reward_model``), in the batch's order."""
     log_dir = Path(log_dir)
     step_dir = f"rollouts/step_{step}"
     lengths = batch["response_mask"].sum(dim=-1).tolist()
@@ -148,12 +150,8 @@ def write_rollouts(
             }
             if episode is not None:
                 response["episode"] = episode
-            if "reward_model_score" in batch:  # worker.reward_model: its score, and a judge's raw text
-                response["reward_model"] = {
-                    "score": float(batch["reward_model_score"][row]),
-                    "text": batch["reward_model_text"][row],
-                    "parsed": bool(batch["reward_model_parsed"][row]),
-                }
+            if reward_model is not None:  # worker.reward_model: its score, and a judge's raw text
+                response["reward_model"] = dict(reward_model[row])
             responses.append(response)
         files = [save_image(image, log_dir, f"{step_dir}/p{index}_i{k}.png") for k, image in enumerate(images)]
         prompts.append(

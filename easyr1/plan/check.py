@@ -52,7 +52,8 @@ def plan_run(config: Any, device: Device, **options: Any) -> tuple[Plan, list]:
     size, critic_size = model_sizes(config)
 
     reward_model_size = None
-    if config.worker.reward_model.enabled:  # the judge or classifier on every worker
+    # the judge or classifier on every worker (standalone: on devices of its own, outside the workers' plan)
+    if config.worker.reward_model.enabled and config.worker.reward_model.placement == "colocated":
         from easyr1.models.loading import load_model_config
 
         reward_model_size = measure_model(load_model_config(config.worker.reward_model.model_path))

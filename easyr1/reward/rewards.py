@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from easyr1.reward.function import RewardFunction, RewardInput
 
@@ -29,11 +29,14 @@ class Rewards:
     metrics are computed exactly as the function returned them; ``scores`` is the (B,) float32 ``overall`` score.
     Plain lists travel from the reward actor, which then never imports torch (about 0.2 GB less resident memory).
     ``timed_out`` says, per sample, whether its reward call ran past ``worker.reward.timeout`` and it got
-    ``worker.reward.timeout_score``; None when no call can time out that way.
+    ``worker.reward.timeout_score``; None when no call can time out that way. ``reward_model``: with
+    ``worker.reward_model``, each sample's result (``{"score", "text", "parsed"}``,
+    :mod:`easyr1.reward_model.results`), for the metrics and the rollout log; None without one.
     """
 
     sub_scores: dict[str, list[float]]
     timed_out: list[bool] | None = field(default=None)
+    reward_model: list[dict[str, Any]] | None = field(default=None)
 
     def __len__(self) -> int:
         return len(self.sub_scores["overall"])
@@ -49,7 +52,9 @@ class Rewards:
         """The rewards of ``rows``, in that order (a reordering, a selection or both)."""
         rows = rows.tolist() if hasattr(rows, "tolist") else list(rows)
         timed_out = None if self.timed_out is None else [self.timed_out[i] for i in rows]
-        return Rewards({key: [values[i] for i in rows] for key, values in self.sub_scores.items()}, timed_out)
+        reward_model = None if self.reward_model is None else [self.reward_model[i] for i in rows]
+        sub_scores = {key: [values[i] for i in rows] for key, values in self.sub_scores.items()}
+        return Rewards(sub_scores, timed_out, reward_model)
 
     @staticmethod
     def concat(parts: Sequence[Rewards]) -> Rewards:
@@ -57,9 +62,13 @@ class Rewards:
         timed_out = None
         if any(part.timed_out is not None for part in parts):
             timed_out = [flag for part in parts for flag in (part.timed_out or [False] * len(part))]
+        reward_model = None
+        if all(part.reward_model is not None for part in parts):
+            reward_model = [result for part in parts for result in part.reward_model]
         return Rewards(
             {key: [value for part in parts for value in part.sub_scores[key]] for key in parts[0].sub_scores},
             timed_out,
+            reward_model,
         )
 
     @property

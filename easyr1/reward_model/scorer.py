@@ -26,11 +26,13 @@ REQUEST = "reward_model_request"
 
 
 class RewardModelScorer:
-    """A worker's reward model: built once (:meth:`build`), asleep between steps."""
+    """A worker's reward model: colocated with the policy, asleep between steps; on a worker of its own
+    (``stays_awake``), on its device for the whole run."""
 
-    def __init__(self, config: Any, dtype: torch.dtype, device: str) -> None:
+    def __init__(self, config: Any, dtype: torch.dtype, device: str, stays_awake: bool = False) -> None:
         self.settings = config.worker.reward_model
         self.device = device
+        self.stays_awake = stays_awake
         self.classifier = None
         self.judge = None
         self.parser = None
@@ -41,6 +43,8 @@ class RewardModelScorer:
             self.parser = JudgementParser(self.settings.parser, self.settings.parser_words)
             engine = HFJudge if judge_engine(config) == "hf" else VLLMJudge
             self.judge = engine(self.settings.model_path, self.settings, dtype, device)
+        if stays_awake and self.classifier is not None:
+            self.classifier.to(device)
         self.sleep()
 
     def score(self, batch: Batch) -> Batch:
@@ -53,7 +57,7 @@ class RewardModelScorer:
             for row, text in enumerate(batch[REQUEST])
         ]
         texts = self.judge.judge(requests) if requests else []
-        self.judge.sleep()
+        self.sleep()
         parsed = [self.parser.parse(text) for text in texts]
         scores = [self.settings.unparseable_score if value is None else value for value in parsed]
         return Batch(
@@ -78,7 +82,9 @@ class RewardModelScorer:
         )
 
     def sleep(self) -> None:
-        """Free the device memory while the policy generates and trains (GPU)."""
+        """Free the device memory while the policy generates and trains (GPU); a worker of its own keeps it."""
+        if self.stays_awake:
+            return
         if self.classifier is not None and self.device != "cpu":
             self.classifier.to("cpu")
             torch.cuda.empty_cache()

@@ -83,13 +83,14 @@ class OneStepOffStage:
         prompts: PromptStream,
         tokenizer: Any,
         val_dataset: RLDataset | None = None,
+        reward_model: Any = None,
     ) -> None:
         self.config = config
         self.trainers = trainers
         self.generators = generators
         self.prompts = prompts
         self.tokenizer = tokenizer
-        self.single_turn = SingleTurnStage(config, generators, scorer, prompts, tokenizer, val_dataset)
+        self.single_turn = SingleTurnStage(config, generators, scorer, prompts, tokenizer, val_dataset, reward_model)
         self.rounds = config.data.rollout_batch_size // (
             config.data.mini_rollout_batch_size or config.data.rollout_batch_size
         )
@@ -232,6 +233,8 @@ class OneStepOffStage:
         self._ready = GeneratedBatch(batch, int(state["step"]), int(state["version"]))
 
     def close(self) -> None:
-        """Stop the generator group and the generation thread (a generation in flight ends with its actors)."""
+        """Stop the generator group and the generation thread (a generation in flight ends with its actors), and what
+        the single-turn stage started (a standalone reward model's workers)."""
         self.generators.shutdown()
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self.single_turn.close()

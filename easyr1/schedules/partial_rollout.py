@@ -117,11 +117,12 @@ class PartialRolloutStage:
         prompts: PromptStream,
         tokenizer: Any,
         val_dataset: RLDataset | None = None,
+        reward_model: Any = None,
     ) -> None:
         self.config = config
         self.workers = workers
         self.prompts = prompts
-        self.single_turn = SingleTurnStage(config, workers, scorer, prompts, tokenizer, val_dataset)
+        self.single_turn = SingleTurnStage(config, workers, scorer, prompts, tokenizer, val_dataset, reward_model)
         self.pad_token_id = pad_token_id(tokenizer)
         schedule = config.async_training
         self.batch_groups = config.data.rollout_batch_size
@@ -289,6 +290,10 @@ class PartialRolloutStage:
         batch["version_last"] = torch.tensor([sample.version_last for sample in samples], dtype=torch.long)
         batch["staleness"] = staleness(batch["version_first"], step)
         return batch
+
+    def close(self) -> None:
+        """Stop what the single-turn stage started (a standalone reward model's workers)."""
+        self.single_turn.close()
 
     # ------------------------------------------------------------------------------------------- validation
     def validate(self, step: int) -> Validation:

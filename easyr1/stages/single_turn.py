@@ -72,6 +72,7 @@ class SingleTurnStage:
         prompts: PromptStream,
         tokenizer: Any,
         val_dataset: RLDataset | None = None,
+        reward_model: RewardModelClient | None = None,
     ) -> None:
         self.config = config
         self.workers = workers  # a WorkerGroup or a LocalWorkerGroup of HybridWorkers
@@ -84,8 +85,11 @@ class SingleTurnStage:
         self.engine_reads_images = engine_traits(config.worker.rollout.name).reads_images
         # the next sample's id: the key of its tensors in the workers' per-step cache, never reused
         self.samples_generated = 0
-        # worker.reward_model: scored on the workers after generation, before the reward function
-        self.reward_model = RewardModelClient(config, workers) if config.worker.reward_model.enabled else None
+        # worker.reward_model: scored after generation, before the reward function (on these workers, unless the
+        # run gives it workers of its own)
+        if reward_model is None and config.worker.reward_model.enabled:
+            reward_model = RewardModelClient(config, workers)
+        self.reward_model = reward_model
 
     def collect(self, prompts: Batch, step: int) -> ScoredSamples:
         """``n`` samples per prompt, scored; with online filtering, refilled to informative groups only."""
@@ -95,7 +99,6 @@ class SingleTurnStage:
             batch = self.generate(prompts, step, round_index=0)
         # the reward is computed by the scorer while the workers go on; DAPO needs it at once
         rewards = self.score(batch)
-        metrics.update(RewardModelClient.metrics(batch))
         if self.config.algorithm.online_filtering:
             with timed(timings, "filter"):
                 batch, rewards = self._fill_with_informative_groups(batch, rewards, step, metrics)
@@ -107,8 +110,8 @@ class SingleTurnStage:
     def score(self, batch: Batch) -> PendingRewards:
         """Send the samples' reward inputs to the reward scorer; the rewards may come later."""
         inputs = build_reward_inputs(batch, self.tokenizer, self.config.worker.reward.skip_special_tokens)
-        if self.reward_model is not None:  # its results go on the batch and into each input
-            self.reward_model.score(batch, inputs)
+        if self.reward_model is not None:  # its results go into each input, then the reward function runs
+            return self.reward_model.rewards(batch, inputs, self.scorer)
         return self.scorer.score(inputs)
 
     def generate(
@@ -195,6 +198,11 @@ class SingleTurnStage:
         first_seed = greedy_baseline_first_seed(self.config.worker.rollout.seed, step, len(prompts))
         greedy = self._generate(prompts, f"{step}-greedy", first_seed, self.sampling({"greedy": True}), n=1)
         return self.score(greedy).result().scores.repeat_interleave(n)
+
+    def close(self) -> None:
+        """Stop the reward model's own workers (``worker.reward_model.placement=standalone``)."""
+        if self.reward_model is not None:
+            self.reward_model.close()
 
     # ------------------------------------------------------------------------------------------- validation
     def validate(self, step: int) -> Validation:

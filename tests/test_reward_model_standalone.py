@@ -1,0 +1,123 @@
+"""worker.reward_model.placement=standalone: the reward model on a Ray worker of its own scores what the colocated
+scorer scores (the classifier, the judge on the HF engine and on vLLM), each score depending on the sample's image;
+the driver's call returns before the scores exist and the reward function gets them; the refusals name the key.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import demo_config, judge_config, one_response_two_images, start_ray, tiny_judge_files
+
+from easyr1.errors import ConfigError
+from easyr1.models.loading import load_tokenizer_and_processor
+from easyr1.protocol import Batch
+from easyr1.reward import build_reward_inputs
+from easyr1.reward.function import RewardFunction
+from easyr1.reward.scorer import LocalRewardScorer
+from easyr1.reward_model.client import RewardModelClient, image_counts, render_requests
+from easyr1.reward_model.scorer import REQUEST, SCORE, RewardModelScorer, _objects
+from easyr1.reward_model.template import JudgeTemplate
+
+
+@pytest.fixture(scope="module")
+def judge_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return tiny_judge_files(tmp_path_factory.mktemp("reward_models"))
+
+
+def colocated_scores(config, batch: Batch, inputs: list[dict]) -> list[float]:
+    """What the colocated scorer (in this process) gives ``batch``; a judge on the HF engine, whose judgements are
+    the vLLM judge's token for token (test_reward_model.py)."""
+    config = copy.deepcopy(config)
+    config.worker.reward_model.engine = "hf"
+    sent = batch.union(Batch())
+    if config.worker.reward_model.kind == "judge":
+        template = JudgeTemplate(config.worker.reward_model.template)
+        sent[REQUEST] = _objects(render_requests(template, inputs, image_counts(batch)))
+    scorer = RewardModelScorer(config, torch.float32, "cpu")
+    try:
+        return scorer.score(sent)[SCORE].tolist()
+    finally:
+        scorer.close()
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("kind", ["classifier", "judge-hf", pytest.param("judge-vllm", marks=pytest.mark.vllm)])
+def test_standalone_worker_scores_what_the_colocated_scorer_scores(
+    kind, tiny_qwen2_5_vl_dir, tiny_dataset_dir, judge_files
+):
+    """One RewardModelWorker in its own Ray actor: two samples that differ by their image alone get two different
+    scores, each the colocated scorer's; the reward function (the built-in one: the score is the reward) gets them
+    through its ``reward_model`` argument."""
+    from easyr1.build import start_reward_model_workers
+    from easyr1.reward_model.worker import RewardModelWorker
+
+    placement = "worker.reward_model.placement=standalone"
+    if kind == "classifier":
+        config = demo_config(
+            tiny_qwen2_5_vl_dir,
+            tiny_dataset_dir,
+            "worker.reward_model.kind=classifier",
+            f"worker.reward_model.model_path={judge_files['classifier']}",
+            "worker.reward.reward_function=null",
+            placement,
+        )
+    else:
+        engine = kind.removeprefix("judge-")
+        config = judge_config(
+            tiny_qwen2_5_vl_dir,
+            tiny_dataset_dir,
+            judge_files,
+            f"worker.reward_model.engine={engine}",
+            "worker.reward.reward_function=null",
+            placement,
+        )
+    config.fill_derived()  # no reward file: the built-in one, the reward model's score
+    batch = one_response_two_images(tiny_qwen2_5_vl_dir, tiny_dataset_dir)
+    tokenizer, _ = load_tokenizer_and_processor(str(tiny_qwen2_5_vl_dir))
+    inputs = build_reward_inputs(batch, tokenizer, True)
+    expected = colocated_scores(config, batch, build_reward_inputs(batch, tokenizer, True))
+    assert expected[0] != expected[1]  # the same text: only the image differs
+
+    start_ray()
+    own_workers = start_reward_model_workers(config, "cpu")
+    client = RewardModelClient(config, None, own_workers)
+    try:
+        own_workers.run_all(RewardModelWorker.init_models)
+        scorer = LocalRewardScorer(RewardFunction(config.worker.reward.reward_function))
+        rewards = client.rewards(batch, inputs, scorer).result()
+    finally:
+        client.close()
+    assert [result["score"] for result in rewards.reward_model] == pytest.approx(expected, abs=1e-4)
+    assert rewards.sub_scores["overall"] == pytest.approx(expected, abs=1e-4)
+    assert [reward_input["reward_model"]["score"] for reward_input in inputs] == pytest.approx(expected, abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["worker.reward_model.placement=remote"], "worker.reward_model.placement"),
+        (["worker.reward_model.placement=standalone", "trainer.single_process=true"], "trainer.single_process"),
+        (
+            [
+                "async_training.schedule=one_step_off",
+                "async_training.placement=split",
+                "async_training.generator_workers=1",
+            ],
+            "worker.reward_model.placement=standalone",
+        ),
+        (["worker.reward_model.placement=standalone", "worker.reward_model.num_workers=0"], "num_workers"),
+    ],
+)
+def test_placement_refusals_name_the_key(tiny_qwen2_5_vl_dir, tiny_dataset_dir, overrides, named):
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+        demo_config(
+            tiny_qwen2_5_vl_dir,
+            tiny_dataset_dir,
+            "worker.reward_model.kind=classifier",
+            f"worker.reward_model.model_path={tiny_qwen2_5_vl_dir}",
+            *overrides,
+        )
