@@ -27,12 +27,24 @@ def test_builder_writes_a_loadable_trained_classifier(tmp_path: Path) -> None:
 
     # the backbone saved is the trained one, not the random model the builder started from
     untrained = load_file(
-        str(build_tiny_model(tmp_path / "untrained", family="qwen2_5_vl", seed=settings.seed) / "model.safetensors")
+        str(
+            build_tiny_model(
+                tmp_path / "untrained",
+                family="qwen2_5_vl",
+                seed=settings.seed,
+                hidden_size=settings.hidden_size,
+                intermediate_size=settings.intermediate_size,
+                num_layers=settings.num_layers,
+            )
+            / "model.safetensors"
+        )
     )
     trained = load_file(str(judge_dir / "model.safetensors"))
     assert trained.keys() == untrained.keys()
+    assert all(trained[name].shape == untrained[name].shape for name in trained)
     assert any(not torch.equal(trained[name], untrained[name]) for name in trained)
 
     record = json.loads((judge_dir / ACCURACY_FILE).read_text())
     assert 0.0 <= judge_accuracy(judge_dir) == record["judge_accuracy"] <= 1.0
     assert record["settings"]["steps"] == settings.steps
+    assert 0.0 < record["highest_other_score"] < 1.0

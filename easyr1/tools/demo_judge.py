@@ -3,14 +3,16 @@ whether a response names the colour of the shape in the image.
 
 It is the demo's tiny Qwen2.5-VL (its tokenizer, so it reads the policy's token ids) with a value head, in the
 classifier checkpoint format of :mod:`easyr1.reward_model.classifier`, trained supervised on shape images of its
-own (not the demo's training images) paired with short responses: a colour word, right or wrong, or a few other
-tokens. Each pair's label is the demo reward's ``accuracy`` (1 when the first colour word of the response is the
-shape's colour), and the head's logit is trained with binary cross-entropy, so the run's ``normalize=sigmoid`` score
-is the judge's probability that the response is right.
+own (not the demo's training images) paired with one-token answers: a colour word, right or wrong, or any other
+token of the vocabulary. Each pair's label is the demo reward's ``accuracy`` (1 when the first colour word of the
+response is the shape's colour), and the head's logit is trained with binary cross-entropy, so the run's
+``normalize=sigmoid`` score is the judge's probability that the response is right. The demo's policy answers in one
+token (``data.max_response_length=1``), inside what the judge was trained on.
 
-Its accuracy on held-out images (every colour word against each image, score > 0.5 read as "right") is written
-beside it (``judge_accuracy.json``) and printed. Built once under ``.cache/demo/judge/shape_classifier``; ``python -m
-easyr1.tools.demo_judge [OUT_DIR]`` builds it anew.
+Its accuracy on held-out images (every colour word against each image, score > 0.5 read as "right") and the highest
+score it gives a one-token answer that names no colour are written beside it (``judge_accuracy.json``) and printed.
+Built once under ``.cache/demo/judge/shape_classifier``; ``python -m easyr1.tools.demo_judge [OUT_DIR]`` builds it
+anew.
 """
 
 from __future__ import annotations
@@ -44,17 +46,23 @@ class JudgeTraining:
     seed: int = 1
     num_train_images: int = 512
     num_heldout_images: int = 64
-    steps: int = 800
-    batch_size: int = 32
+    steps: int = 1500
+    batch_size: int = 64  # at 32 the same seed had not read the image after 700 steps; at 64, 1.0 after 600
     lr: float = 1e-3
     max_prompt_length: int = 40  # the shape prompt's 33 tokens; less padding to train through than the demo's 64
     response_length: int = 4  # the demo's worker.rollout max_response_length
     pixels: int = 3136  # the demo's data.min_pixels / max_pixels
     empty_share: float = 0.1  # empty answers (EOS alone): unseen, the judge scored them ~0.5, a reward to hack
-    # half the answers right: with a quarter (every colour word against an image) "always wrong" scores 0.75 and
-    # the judge sat there for hundreds of steps
-    right_share: float = 0.5
-    wrong_share: float = 0.4  # a wrong colour word; the rest: filler tokens
+    # Two phases. First the image: answers are mostly colour words, right a little more often than wrong (with a
+    # quarter right, "always wrong" was a trap for hundreds of steps; with 60% right, "always right" was; with
+    # other tokens at 30% from the start the judge had not read the image after 1000 steps).
+    image_steps: int = 900
+    image_right_share: float = 0.5
+    image_other_share: float = 0.1
+    # Then every other token of the vocabulary as a negative: a policy finds the tokens a judge never saw that happen
+    # to score high (the first run learned to answer "?", scored 0.6-0.8).
+    right_share: float = 0.35
+    other_share: float = 0.3
     hidden_size: int = 128
     # the policy's width, a 4x wider MLP: comparing the image's colour with the word's is an XOR-like feature that the
     # demo policy's 256 learned slowly (held-out 0.875 after 500 steps, one colour pair confused)
@@ -107,19 +115,19 @@ class _Pairs:
         self.eos_id = self.tokenizer.eos_token_id
         self.rule = _shape_accuracy()
 
-    def response(self, truth: str, rng: random.Random) -> list[int]:
-        """A candidate response: a colour word, the right one (35%) or a wrong one (40%), or 1-3 filler tokens
-        (25%), half of them ending with the end-of-sequence token, as a policy's finished answer does; or
-        (``empty_share``) the end-of-sequence token alone, which the judge must not reward either."""
+    def response(self, truth: str, rng: random.Random, right_share: float, other_share: float) -> list[int]:
+        """A candidate one-word answer: the right colour word (``right_share``), any other token of the vocabulary
+        (``other_share``) or a wrong colour word, half of them followed by the end-of-sequence token; or
+        (``empty_share``) that token alone."""
         if rng.random() < self.settings.empty_share:
             return [self.eos_id]
         draw = rng.random()
-        if draw < self.settings.right_share:
+        if draw < right_share:
             ids = [rng.choice(self.colour_ids[truth])]
-        elif draw < self.settings.right_share + self.settings.wrong_share:
-            ids = [rng.choice(self.colour_ids[rng.choice([other for other in COLOURS if other != truth])])]
+        elif draw < right_share + other_share:
+            ids = [rng.choice(self.filler_ids)]
         else:
-            ids = [rng.choice(self.filler_ids) for _ in range(rng.randint(1, self.settings.response_length - 1))]
+            ids = [rng.choice(self.colour_ids[rng.choice([other for other in COLOURS if other != truth])])]
         if rng.random() < 0.5:
             ids.append(self.eos_id)
         return ids
@@ -167,6 +175,24 @@ def heldout_accuracy(model: Any, pairs: _Pairs) -> float:
     return correct / total
 
 
+@torch.no_grad()
+def highest_other_score(model: Any, pairs: _Pairs, images: int = 8, chunk: int = 64) -> float:
+    """The highest score the judge gives any one-token answer that is not a colour word (mean over ``images``
+    held-out images): a token above 0.5 is a reward the policy can collect without naming any colour."""
+    model.eval()
+    images = min(images, len(pairs.items))
+    tokens = pairs.filler_ids + [pairs.eos_id]
+    highest = 0.0
+    for start in range(0, len(tokens), chunk):
+        part = tokens[start : start + chunk]
+        rows = [row for _ in part for row in range(images)]
+        batch, _ = pairs.batch(rows, [[token] for token in part for _ in range(images)])
+        scores = torch.sigmoid(response_logits(model, batch)).view(len(part), images).mean(dim=1)
+        highest = max(highest, scores.max().item())
+    model.train()
+    return highest
+
+
 def build_shape_judge(out_dir: str | Path, settings: JudgeTraining | None = None, log: bool = True) -> Path:
     """Train the demo's judge and write it to ``out_dir`` as a classifier checkpoint, with ``judge_accuracy.json``
     (held-out accuracy, training seconds and settings). Returns ``out_dir``."""
@@ -204,9 +230,12 @@ def build_shape_judge(out_dir: str | Path, settings: JudgeTraining | None = None
     loss_fn = torch.nn.BCEWithLogitsLoss()
     for step in range(1, settings.steps + 1):
         rows = [rng.randrange(len(train_pairs.items)) for _ in range(settings.batch_size)]
-        batch, labels = train_pairs.batch(
-            rows, [train_pairs.response(train_pairs.items[row]["ground_truth"], rng) for row in rows]
-        )
+        if step <= settings.image_steps:
+            shares = (settings.image_right_share, settings.image_other_share)
+        else:
+            shares = (settings.right_share, settings.other_share)
+        truths = [train_pairs.items[row]["ground_truth"] for row in rows]
+        batch, labels = train_pairs.batch(rows, [train_pairs.response(truth, rng, *shares) for truth in truths])
         loss = loss_fn(response_logits(model, batch), labels)
         optimizer.zero_grad()
         loss.backward()
@@ -220,20 +249,33 @@ def build_shape_judge(out_dir: str | Path, settings: JudgeTraining | None = None
                 flush=True,
             )
     accuracy = heldout_accuracy(model, heldout_pairs)
+    other = highest_other_score(model, heldout_pairs)
     language_model.save_pretrained(out_dir)
     save_value_head(model, out_dir)
     seconds = time.time() - start
-    record = {"judge_accuracy": accuracy, "seconds": round(seconds, 1), "settings": vars(settings)}
+    record = {
+        "judge_accuracy": accuracy,
+        "highest_other_score": other,
+        "seconds": round(seconds, 1),
+        "settings": vars(settings),
+    }
     (Path(out_dir) / ACCURACY_FILE).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     if log:
-        print(f"judge_accuracy={accuracy:.3f} (held-out image / colour pairs) seconds={seconds:.0f}", flush=True)
+        print(
+            f"judge_accuracy={accuracy:.3f} (held-out image / colour pairs) highest_other_score={other:.3f} (a "
+            f"one-token answer that names no colour) seconds={seconds:.0f}",
+            flush=True,
+        )
     return Path(out_dir)
 
 
 def judge_overrides(path: str | Path = JUDGE_DIR) -> list[str]:
-    """The config overrides of the judge demo: the classifier at ``path`` scores, its sigmoid is the reward (through
-    ``reward_function/shape_color_judge.py``, which logs the rule's accuracy beside it)."""
+    """The config overrides of the judge demo: one-token answers; the classifier at ``path`` scores, its sigmoid is the
+    reward (through ``reward_function/shape_color_judge.py``, which logs the rule's accuracy beside it)."""
     return [
+        # one-token answers: the judge was trained on every one-token answer, and a longer one is a sequence it never
+        # saw (a first judge, trained on single words, scored "blue blue blue blue" 0.99 on a green shape)
+        "data.max_response_length=1",
         "worker.reward_model.kind=classifier",
         f"worker.reward_model.model_path={path}",
         "worker.reward_model.normalize=sigmoid",
