@@ -24,8 +24,9 @@ the two colocated workers) and ends with::
     demo-async: schedule=<name> reward_first=<x> reward_last=<y> steps=<N> seconds=<wall>
 
 ``python -m easyr1.tools.demo --judge [--seed S] [--shuffle-images]`` trains the shape demo on a reward model's scores
-only (the classifier of :mod:`easyr1.tools.demo_judge`, built on first use; ``reward_function/shape_color_judge.py``
-returns its score as the reward and logs the rule's ``accuracy`` beside it, never trained on) and ends with::
+only (the classifier of :mod:`easyr1.tools.demo_judge`, built on first use; one-token answers, the judge's training
+distribution; ``reward_function/shape_color_judge.py`` returns its score as the reward and logs the rule's
+``accuracy`` beside it, never trained on) and ends with::
 
     demo-judge: accuracy_first=<rule accuracy, first 10% of steps> accuracy_last=<last 10%> judge_accuracy=<the
     judge's held-out accuracy> steps=<N> seconds=<wall>
