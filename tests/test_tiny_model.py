@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor,
 from easyr1.tools.tiny_model import COLOUR_WORDS, SPECIAL_TOKENS, TEXT_FAMILIES, VISION_FAMILIES, build_tiny_model
 
 
-IMAGE_SIDE = {"qwen2_vl": 56, "qwen2_5_vl": 56, "qwen3_vl": 64}  # min_pixels of each family's processor
+IMAGE_SIDE = {"qwen2_vl": 56, "qwen2_5_vl": 56, "qwen3_vl": 64, "qwen3_5": 64}  # min_pixels of each family's processor
 
 
 def _messages(with_image: bool) -> list[dict]:
@@ -117,7 +117,9 @@ def test_config_matches_tokenizer_and_size_limits(tiny_model_dir, family):
     assert text.hidden_size == 128 and text.num_hidden_layers == 2
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     assert head_dim >= 32  # vLLM's CPU attention kernels need it
-    assert sum(text.rope_parameters["mrope_section"]) == head_dim // 2
+    # the sections split the rotary frequencies: all of head_dim's, or Qwen3.5's quarter (partial_rotary_factor)
+    rotary_dim = int(head_dim * text.rope_parameters.get("partial_rotary_factor", 1.0))
+    assert sum(text.rope_parameters["mrope_section"]) == rotary_dim // 2
     assert config.vision_config.depth == 2
     generation = json.loads((path / "generation_config.json").read_text())
     assert tokenizer.convert_tokens_to_ids("<|im_end|>") in generation["eos_token_id"]

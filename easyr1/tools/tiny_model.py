@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig, ProcessorMixin, Qwen2Tokenizer
 
 
-VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5")
 TEXT_FAMILIES = ("qwen2", "qwen3", "llama")  # causal LMs without a vision tower or processor
 FAMILIES = VISION_FAMILIES + TEXT_FAMILIES
 
@@ -89,6 +89,7 @@ _FAMILY_SETTINGS = {
     "qwen2_vl": {"patch_size": 14, "min_pixels": 56 * 56, "max_pixels": 112 * 112},
     "qwen2_5_vl": {"patch_size": 14, "min_pixels": 56 * 56, "max_pixels": 112 * 112},
     "qwen3_vl": {"patch_size": 16, "min_pixels": 64 * 64, "max_pixels": 128 * 128},
+    "qwen3_5": {"patch_size": 16, "min_pixels": 64 * 64, "max_pixels": 128 * 128},  # Qwen3-VL's processor
 }
 
 
@@ -229,7 +230,15 @@ def _model_config(family: str, tokenizer: Qwen2Tokenizer, shape: TextShape | Non
     """The transformers config of the tiny model for ``family``, with token ids taken from ``tokenizer`` and the
     language model's sizes from ``shape`` (the default shape when ``None``)."""
     shape = shape or TextShape()
-    from transformers import LlamaConfig, Qwen2_5_VLConfig, Qwen2Config, Qwen2VLConfig, Qwen3Config, Qwen3VLConfig
+    from transformers import (
+        LlamaConfig,
+        Qwen2_5_VLConfig,
+        Qwen2Config,
+        Qwen2VLConfig,
+        Qwen3_5Config,
+        Qwen3Config,
+        Qwen3VLConfig,
+    )
 
     token_ids = {
         "image_token_id": tokenizer.convert_tokens_to_ids("<|image_pad|>"),
@@ -310,7 +319,49 @@ def _model_config(family: str, tokenizer: Qwen2Tokenizer, shape: TextShape | Non
             "deepstack_visual_indexes": [0],  # one deepstack feature, injected into the first decoder layer
         }
         return Qwen3VLConfig(text_config=text, vision_config=vision, **common)
+    if family == "qwen3_5":
+        return Qwen3_5Config(text_config=_qwen3_5_text(text, shape), vision_config=_qwen3_5_vision(shape), **common)
     raise ValueError(f"unknown model family {family!r}; choose one of {', '.join(FAMILIES)}")
+
+
+def _qwen3_5_text(text: dict, shape: TextShape) -> dict:
+    """Qwen3.5's language model settings on top of the shared ``text`` ones: GatedDeltaNet (linear attention) and
+    full attention layers alternating, the first one linear, so the default two layers hold one of each."""
+    return {
+        **text,
+        # Qwen3.5's attention heads are 64 wide with a quarter of each rotated: 8 rotary frequencies, split (t, h, w)
+        # like Qwen3.5's [11, 11, 10] and interleaved as transformers always does for it (vLLM reads the flag).
+        "head_dim": 64,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10_000_000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [3, 3, 2],
+            "mrope_interleaved": True,
+        },
+        "layer_types": ["linear_attention" if i % 2 == 0 else "full_attention" for i in range(shape.num_layers)],
+        "linear_conv_kernel_dim": 4,  # the only width vLLM's CPU conv kernel takes
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 32,
+        "linear_value_head_dim": 32,
+        "tie_word_embeddings": False,  # the text config's flag is vLLM's, the top-level one transformers': equal
+    }
+
+
+def _qwen3_5_vision(shape: TextShape) -> dict:
+    """Qwen3.5's vision tower at the tiny size: Qwen3-VL's without deepstack, its output as wide as the text."""
+    return {
+        "depth": 2,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_heads": 2,
+        "out_hidden_size": shape.hidden_size,
+        "patch_size": _FAMILY_SETTINGS["qwen3_5"]["patch_size"],
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "num_position_embeddings": 256,  # a 16x16 grid, interpolated to the image grid
+    }
 
 
 def _processor(family: str, tokenizer: Qwen2Tokenizer) -> ProcessorMixin:
@@ -322,8 +373,9 @@ def _processor(family: str, tokenizer: Qwen2Tokenizer) -> ProcessorMixin:
     settings = _FAMILY_SETTINGS[family]
     size = {"shortest_edge": settings["min_pixels"], "longest_edge": settings["max_pixels"]}
     vision = {"patch_size": settings["patch_size"], "temporal_patch_size": 2, "merge_size": 2}
-    if family == "qwen3_vl":
-        # Qwen3-VL normalises with mean = std = 0.5 instead of CLIP's statistics.
+    if family in ("qwen3_vl", "qwen3_5"):
+        # Qwen3-VL (and Qwen3.5, which ships Qwen3-VL's processor) normalises with mean = std = 0.5 instead of
+        # CLIP's statistics.
         half = [0.5, 0.5, 0.5]
         image_processor = Qwen2VLImageProcessor(size=size, image_mean=half, image_std=half, **vision)
         video_processor = Qwen3VLVideoProcessor(
@@ -364,11 +416,13 @@ def build_tiny_model(
     The keyword arguments size the language model (the vision tower stays the same, its output width follows
     ``hidden_size``); the defaults build the 0.8 M-parameter model the demo and the tests use. ``num_heads``
     defaults to ``hidden_size // 32`` (head_dim 32), ``num_kv_heads`` to half of it. The same seed and sizes give
-    byte-identical weights. ``extra_words`` become single tokens of the tokenizer (the agent demo's action words);
-    the default builds the shape demo's tokenizer. ``stop_tokens=K``: K more tokens (the first K of the BPE
-    vocabulary) end a response, as EOS does (``generation_config.eos_token_id``): a random model then stops after a
-    roughly geometric number of tokens, the long-tailed lengths the schedule benches and tests need (a random model
-    otherwise almost never samples EOS). Returns ``out_dir`` as a Path.
+    byte-identical weights. ``qwen3_5`` keeps head_dim 64 (a quarter of it rotated, as Qwen3.5 does) and alternates
+    GatedDeltaNet (linear-attention) and full-attention layers, the first linear. ``extra_words`` become single
+    tokens of the tokenizer (the agent demo's action words); the default builds the shape demo's tokenizer.
+    ``stop_tokens=K``: K more tokens (the first K of the BPE vocabulary) end a response, as EOS does
+    (``generation_config.eos_token_id``): a random model then stops after a roughly geometric number of tokens, the
+    long-tailed lengths the schedule benches and tests need (a random model otherwise almost never samples EOS).
+    Returns ``out_dir`` as a Path.
     """
     heads = num_heads if num_heads is not None else max(hidden_size // 32, 1)
     shape = TextShape(
@@ -409,7 +463,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("out_dir", help="directory to write the model into (created if missing)")
     parser.add_argument("--family", default="qwen2_5_vl", choices=FAMILIES, help="model architecture")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights")
-    parser.add_argument("--hidden-size", type=int, default=128, help="language model width (head_dim stays 32)")
+    parser.add_argument(
+        "--hidden-size", type=int, default=128, help="language model width (head_dim stays 32; qwen3_5: 64)"
+    )
     parser.add_argument("--num-layers", type=int, default=2, help="language model layers")
     parser.add_argument("--intermediate-size", type=int, default=256, help="language model MLP width")
     parser.add_argument("--stop-tokens", type=int, default=0, help="more tokens that end a response, as EOS does")
