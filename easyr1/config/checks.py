@@ -18,6 +18,7 @@ from easyr1.config.env import EnvConfig
 from easyr1.config.rollout import RolloutConfig
 from easyr1.config.trainer import TrainerConfig
 from easyr1.engines import ENGINES, engine_traits
+from easyr1.models.families import unsupported_model_problem
 
 
 def _largest_divisor_up_to(number: int, limit: int) -> int:
@@ -218,13 +219,16 @@ def _model_value(model_config: Mapping[str, Any], key: str) -> Any:
 def model_problems(
     data: DataConfig, model: ModelConfig, rollout: RolloutConfig, model_config: Mapping[str, Any]
 ) -> list[str]:
-    """What does not fit the model's ``config.json`` (``model_config``): sequence lengths beyond
-    ``max_position_embeddings``, a tensor-parallel size that does not divide the attention heads, a vision setting
-    with a text-only model."""
+    """What does not fit the model's ``config.json`` (``model_config``): a model type outside the supported
+    families (then that is the only problem returned), sequence lengths beyond ``max_position_embeddings``, a
+    tensor-parallel size that does not divide the attention heads, a vision setting with a text-only model."""
     # The user's override_config wins over the file, as it does when the model is loaded.
     model_config = {**model_config, **model.override_config}
-    problems = []
     model_path = model.model_path
+    unsupported = unsupported_model_problem(model_config, model_path)
+    if unsupported is not None:
+        return [unsupported]  # the other checks would only read settings of a model that cannot run anyway
+    problems = []
     max_positions = _model_value(model_config, "max_position_embeddings")
     if max_positions is not None:
         total = data.max_prompt_length + data.max_response_length

@@ -239,7 +239,8 @@ def check_against_model(config: PPOConfig, model_config: Mapping[str, Any]) -> N
     """Check the config against the model's ``config.json`` (``model_config``, as a dict: the CLI reads it with
     :func:`easyr1.models.loading.load_model_config`, as the workers do); no weights are read.
 
-    Raises :class:`ConfigError` when the sequence lengths exceed ``max_position_embeddings``, when the
+    Raises :class:`ConfigError` when the model's type is not a supported family (naming it and the families), when
+    the sequence lengths exceed ``max_position_embeddings``, when the
     tensor-parallel size does not divide the attention heads, or when a vision setting is used with a text-only model.
     """
     model = config.worker.actor.model

@@ -1,7 +1,7 @@
 """Position ids for Qwen-VL models: multimodal rotary ("m-rope") indices and their text-position companion.
 
-Qwen2-VL, Qwen2.5-VL and Qwen3-VL rotate queries and keys with three position streams (temporal, height,
-width). Text tokens advance all three together; the tokens of an image or video frame get a grid of
+Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3.5 (Qwen3-VL's rule) rotate queries and keys with three position streams
+(temporal, height, width). Text tokens advance all three together; the tokens of an image or video frame get a grid of
 (t, h, w) positions that starts where the text left off, and the text after it continues from the largest
 position used so far plus one. This is the rule the checkpoints were trained with and the one vLLM uses
 when it serves the rollout, so the trainer's positions and the rollout engine's agree token for token.
@@ -34,7 +34,9 @@ class MRopeSettings:
 
     @classmethod
     def from_model_config(cls, config: Any) -> MRopeSettings:
-        """Read the settings from a transformers Qwen2-VL / Qwen2.5-VL / Qwen3-VL config (or a look-alike)."""
+        """Read the settings from a transformers Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 config (or a look-alike).
+
+        Qwen3.5 (``qwen3_5``) follows Qwen3-VL: video frames as separate grids, no tokens_per_second."""
         vision = config.vision_config
         model_type = str(getattr(config, "model_type", ""))
         tokens_per_second = getattr(vision, "tokens_per_second", None) if model_type.startswith("qwen2_5") else None
@@ -48,7 +50,17 @@ class MRopeSettings:
 
 
 def is_mrope_config(config: Any) -> bool:
-    """Whether a transformers model config describes a Qwen-VL model that uses m-rope position ids."""
+    """Whether a transformers model config describes a Qwen-VL model that uses m-rope position ids.
+
+    Decided by ``model_type`` (:data:`easyr1.models.families.MROPE_MODEL_TYPES`): other vision-language families
+    (InternVL, Gemma 3) also have a vision config and an image token id, but rotate with plain 1-D positions. A
+    config without a ``model_type`` (a look-alike) is judged by those two attributes.
+    """
+    from easyr1.models.families import MROPE_MODEL_TYPES
+
+    model_type = getattr(config, "model_type", None)
+    if model_type:
+        return model_type in MROPE_MODEL_TYPES
     return hasattr(config, "vision_config") and hasattr(config, "image_token_id")
 
 
