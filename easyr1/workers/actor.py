@@ -28,6 +28,7 @@ from easyr1.algorithms import (
 )
 from easyr1.algorithms.logits import banned_token_bias, compile_allowed
 from easyr1.algorithms.rollout_correction import TOKEN_MEAN_METRICS, CorrectionSettings, rollout_correction
+from easyr1.models.linear_attention import has_linear_attention
 from easyr1.models.vision_tower import vision_keepalive
 from easyr1.protocol import Batch, merge_vision_inputs
 from easyr1.workers.packing import (
@@ -60,14 +61,27 @@ def forward_inputs(micro_batch: Batch) -> dict[str, torch.Tensor]:
 
 
 def shares_prompts(model: nn.Module, requested: bool) -> bool:
-    """Whether the forward can share prompts (``requested`` and an attention that honours a custom 4D mask).
+    """Whether the forward can share prompts (``requested``, an attention that honours a custom 4D mask, and no
+    linear-attention layer).
 
     Flash attention takes no dense mask, so there the forward falls back to padding-free packing (one notice).
+    A linear-attention layer (Qwen3.5's GatedDeltaNet) reads no mask at all: a shared prompt's recurrent state
+    would flow from one response into the next, so each sample runs with its own prompt (one notice).
     """
-    global _FLASH_NOTICE_GIVEN
+    global _FLASH_NOTICE_GIVEN, _LINEAR_NOTICE_GIVEN
     if not requested:
         return False
-    implementation = str(getattr(getattr(model, "config", None), "_attn_implementation", None) or "sdpa")
+    config = getattr(model, "config", None)
+    if has_linear_attention(config):
+        if not _LINEAR_NOTICE_GIVEN:
+            logger.warning(
+                "worker.actor.share_prompt=true is off for this model (%s): its linear-attention layers carry a "
+                "state that a shared-prompt mask cannot split, so each sample's prompt runs again",
+                getattr(config, "model_type", "unknown model type"),
+            )
+            _LINEAR_NOTICE_GIVEN = True
+        return False
+    implementation = str(getattr(config, "_attn_implementation", None) or "sdpa")
     if "flash" not in implementation:
         return True
     if not _FLASH_NOTICE_GIVEN:
@@ -81,6 +95,7 @@ def shares_prompts(model: nn.Module, requested: bool) -> bool:
 
 
 _FLASH_NOTICE_GIVEN = False
+_LINEAR_NOTICE_GIVEN = False
 
 
 def response_log_probs(
@@ -261,9 +276,9 @@ class Actor:
 
     def _micro_batches(self, batch: Batch, micro_batch_size: int) -> list[tuple[list[int], Batch]]:
         """:func:`micro_batches` with this actor's dynamic-batching and prompt-sharing settings."""
-        return micro_batches(
-            batch, micro_batch_size, self.config.dynamic_batching, getattr(self.config, "share_prompt", False)
-        )
+        # the token budget counts shared prompts once only where the forward will share them
+        share_prompt = shares_prompts(self.model, getattr(self.config, "share_prompt", False))
+        return micro_batches(batch, micro_batch_size, self.config.dynamic_batching, share_prompt)
 
     def update_policy(
         self,

@@ -6,7 +6,9 @@ at 0 for every sample (for Qwen-VL, row 0 of the ``(4, 1, T)`` position ids hold
 the m-rope ones); given no attention mask, the model builds a block-diagonal causal mask from those restarts, so
 no sample attends to another. The logits that predict response token ``k`` of sample ``i`` sit at packed index
 ``response_index[i, k]``: the model is asked for exactly those (``logits_to_keep``), so the log-prob code gets
-the same ``(B, R, V)`` tensor as in the padded path.
+the same ``(B, R, V)`` tensor as in the padded path. Linear-attention layers (Qwen3.5's GatedDeltaNet) carry a
+state along the row instead of a mask: :func:`packed_response_logits` makes them restart it at every sample
+(:mod:`easyr1.models.linear_attention`).
 
 :func:`pack_shared` goes further for GRPO-style batches, where each prompt has n samples: rows of a micro-batch whose
 prompt is identical (:func:`prompt_groups`: same valid prompt ids, same vision inputs) are laid out as the prompt's
@@ -28,6 +30,7 @@ from typing import Any
 
 import torch
 
+from easyr1.models import linear_attention
 from easyr1.workers import block_attention
 
 
@@ -249,6 +252,7 @@ def packed_response_logits(
     """(B, R, V) logits predicting the response tokens, from one padding-free forward of the micro-batch."""
     packed = pack(input_ids, attention_mask, position_ids, response_length)
     batch_size = input_ids.shape[0]
+    segment_linear_attention(model)  # recurrent layers see the restarts too, not only attention (its docstring)
     mask = None  # the per-sample position restarts define the mask (flash attention: variable-length sequences)
     if getattr(model.config, "_attn_implementation", "sdpa") == "sdpa":
         # the same mask, made here so that SDPA attends within each sample only (block_attention.py)
@@ -265,6 +269,17 @@ def packed_response_logits(
     return output.logits.reshape(batch_size, response_length, -1)
 
 
+def segment_linear_attention(model: torch.nn.Module) -> None:
+    """:func:`easyr1.models.linear_attention.install` on ``model``, once: its linear-attention layers (Qwen3.5's
+    GatedDeltaNet) then start every packed sample with a fresh state, as the block-diagonal mask does for attention."""
+    if not getattr(model, _LINEAR_SEGMENTED, False):
+        linear_attention.install(model)
+        setattr(model, _LINEAR_SEGMENTED, True)
+
+
+_LINEAR_SEGMENTED = "_easyr1_linear_attention_segmented"
+
+
 def shared_response_logits(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -279,7 +294,8 @@ def shared_response_logits(
 
     ``vision_rows``: each row's vision inputs (``None`` for text only); ``merge_vision`` concatenates a list of them
     into the model's keyword arguments. Only the groups' first rows' vision inputs are given to the model, so each
-    image is encoded once per group. Needs an attention implementation that honours a custom 4D mask (sdpa, eager).
+    image is encoded once per group. Needs an attention implementation that honours a custom 4D mask (sdpa, eager)
+    and no linear-attention layer (their state ignores the mask: ``actor.shares_prompts`` refuses them).
     """
     if groups is None:
         groups = prompt_groups(input_ids, attention_mask, response_length, vision_rows)
