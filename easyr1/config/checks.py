@@ -19,6 +19,7 @@ from easyr1.config.rollout import RolloutConfig
 from easyr1.config.trainer import TrainerConfig
 from easyr1.engines import ENGINES, engine_traits
 from easyr1.models.families import unsupported_model_problem
+from easyr1.models.linear_attention import has_linear_attention
 
 
 def _largest_divisor_up_to(number: int, limit: int) -> int:
@@ -221,7 +222,8 @@ def model_problems(
 ) -> list[str]:
     """What does not fit the model's ``config.json`` (``model_config``): a model type outside the supported
     families (then that is the only problem returned), sequence lengths beyond ``max_position_embeddings``, a
-    tensor-parallel size that does not divide the attention heads, a vision setting with a text-only model."""
+    tensor-parallel size that does not divide the attention heads, a vision setting with a text-only model, vLLM
+    without chunked prefill for a model with linear-attention layers."""
     # The user's override_config wins over the file, as it does when the model is loaded.
     model_config = {**model_config, **model.override_config}
     model_path = model.model_path
@@ -249,6 +251,12 @@ def model_problems(
         problems.append(
             f"worker.rollout.tensor_parallel_size={tp} does not divide the model's num_attention_heads={heads} "
             f"({model_path}); use a tensor_parallel_size that divides {heads}"
+        )
+    if rollout.name == "vllm" and has_linear_attention(model_config) and not rollout.enable_chunked_prefill:
+        problems.append(
+            f"the model ({model_path}) has linear-attention layers (model_type={model_config.get('model_type')}), "
+            "whose state vLLM caches for shared prompt blocks only with chunked prefill; set "
+            "worker.rollout.enable_chunked_prefill=true"
         )
     if model.freeze_vision_tower and "vision_config" not in model_config:
         problems.append(

