@@ -233,3 +233,11 @@ def test_vllm_settings_a_linear_attention_model_needs(model_dir):
         check_cpu_linear_attention_dtype(config)
     config.worker.rollout.dtype = "bfloat16"
     check_cpu_linear_attention_dtype(config)
+
+
+def test_the_plan_counts_the_real_parameters(model_dir):
+    from easyr1.models.loading import load_model_config
+    from easyr1.plan.model_size import measure_model
+
+    size = measure_model(load_model_config(str(model_dir)))
+    assert size.total == sum(param.numel() for param in _model(model_dir).parameters())
