@@ -28,6 +28,7 @@ from torch import nn
 LINEAR_LAYER_TYPE = "linear_attention"
 SEGMENTS_KWARG = "easyr1_packed_lengths"  # the layer's call carries the packed samples' lengths under this name
 _WRAPPED = "_easyr1_segmented"  # set on every linear-attention module whose forward is wrapped
+_LENGTHS_ATTRIBUTE = "_easyr1_packed_lengths"  # on a position tensor: its packed lengths, found by the first layer
 
 
 def layer_types(config: Any) -> list[str]:
@@ -66,7 +67,15 @@ def _pass_lengths(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, 
     hands on to its linear-attention module."""
     if kwargs.get("past_key_values") is not None:
         return None  # generation: a cache carries the state on purpose
-    lengths = packed_lengths(kwargs.get("position_ids"))
+    position_ids = kwargs.get("position_ids")
+    if position_ids is None:
+        return None
+    # every layer of one forward gets the same position tensor: find the lengths once (one device sync, not one
+    # per layer) and keep them on the tensor
+    lengths = getattr(position_ids, _LENGTHS_ATTRIBUTE, False)
+    if lengths is False:
+        lengths = packed_lengths(position_ids)
+        setattr(position_ids, _LENGTHS_ATTRIBUTE, lengths)
     if lengths is None:
         return None
     return args, {**kwargs, SEGMENTS_KWARG: lengths}
