@@ -4,10 +4,11 @@ whether a response names the colour of the shape in the image.
 It is the demo's tiny Qwen2.5-VL (its tokenizer, so it reads the policy's token ids) with a value head, in the
 classifier checkpoint format of :mod:`easyr1.reward_model.classifier`, trained supervised on shape images of its
 own (not the demo's training images) paired with one-token answers: a colour word, right or wrong, or any other
-token of the vocabulary. Each pair's label is the demo reward's ``accuracy`` (1 when the first colour word of the
-response is the shape's colour), and the head's logit is trained with binary cross-entropy, so the run's
-``normalize=sigmoid`` score is the judge's probability that the response is right. The demo's policy answers in one
-token (``data.max_response_length=1``), inside what the judge was trained on.
+token of the vocabulary. Each pair's label is the demo reward's ``overall`` score (0.2 for naming a colour, 0.8 more
+for the right one), the target of the head's logit under binary cross-entropy, so the run's ``normalize=sigmoid``
+score is the judge's estimate of that score; an auxiliary caption loss (the LM head names the shape's colour after
+the prompt) teaches it to read the image. The demo's policy answers in one token (``data.max_response_length=1``),
+inside what the judge was trained on.
 
 Its accuracy on held-out images (every colour word against each image, score > 0.5 read as "right") and the highest
 score it gives a one-token answer that names no colour are written beside it (``judge_accuracy.json``) and printed.
@@ -46,21 +47,28 @@ class JudgeTraining:
     seed: int = 1
     num_train_images: int = 512
     num_heldout_images: int = 64
-    steps: int = 1500
-    batch_size: int = 64  # at 32 the same seed had not read the image after 700 steps; at 64, 1.0 after 600
+    steps: int = 800
+    batch_size: int = 64
     lr: float = 1e-3
     max_prompt_length: int = 40  # the shape prompt's 33 tokens; less padding to train through than the demo's 64
     response_length: int = 4  # the demo's worker.rollout max_response_length
     pixels: int = 3136  # the demo's data.min_pixels / max_pixels
+    # the rule's score the judge learns to predict: "overall" = 0.2 for naming a colour + 0.8 for the right one, the
+    # shaping that lets the demo's tiny policy find colour words long before it is right; with "accuracy" (wrong
+    # colours and other tokens all 0) a one-token policy collapsed onto "\n" (rule accuracy 0 after 380 steps)
+    label: str = "overall"
+    # weight of an auxiliary caption loss (the LM head names the shape's colour after the prompt): the image features
+    # then name the colour within 100 steps (held-out 0.98); the judge's loss alone left them blind for 600-1000
+    # steps, or for good, depending on the seed, the batch size and the label mix
+    caption_weight: float = 1.0
     empty_share: float = 0.1  # empty answers (EOS alone): unseen, the judge scored them ~0.5, a reward to hack
-    # Two phases. First the image: answers are mostly colour words, right a little more often than wrong (with a
-    # quarter right, "always wrong" was a trap for hundreds of steps; with 60% right, "always right" was; with
-    # other tokens at 30% from the start the judge had not read the image after 1000 steps).
-    image_steps: int = 900
+    # First mostly colour words (right a little more often than wrong: with a quarter right "always wrong" was a
+    # trap, with 60% right "always right" was) ...
+    image_steps: int = 300
     image_right_share: float = 0.5
     image_other_share: float = 0.1
-    # Then every other token of the vocabulary as a negative: a policy finds the tokens a judge never saw that happen
-    # to score high (the first run learned to answer "?", scored 0.6-0.8).
+    # ... then every other token of the vocabulary as a negative: a policy finds the tokens a judge never saw that
+    # happen to score high (runs learned to answer "?", scored 0.6-0.8, and "<|im_start|>", 0.93).
     right_share: float = 0.35
     other_share: float = 0.3
     hidden_size: int = 128
@@ -110,8 +118,13 @@ class _Pairs:
             colour: [self.tokenizer.encode(word)[0] for word in (colour, f" {colour}")] for colour in COLOURS
         }
         colour_tokens = {token for tokens in self.colour_ids.values() for token in tokens}
-        special = set(self.tokenizer.all_special_ids)
-        self.filler_ids = [token for token in range(len(self.tokenizer)) if token not in colour_tokens | special]
+        # every token the policy can write that is no colour word: special tokens included (unseen, "<|im_start|>"
+        # decoded to "" and scored 0.93: the policy answered with it), only the vision placeholders left out (the
+        # rollout bans them) and EOS (an answer of its own, empty_share)
+        model_config = load_model_config(str(model_dir))
+        banned = {getattr(model_config, name, None) for name in ("image_token_id", "video_token_id")}
+        excluded = colour_tokens | banned | {self.tokenizer.eos_token_id}
+        self.filler_ids = [token for token in range(len(self.tokenizer)) if token not in excluded]
         self.eos_id = self.tokenizer.eos_token_id
         self.rule = _shape_accuracy()
 
@@ -133,7 +146,8 @@ class _Pairs:
         return ids
 
     def batch(self, rows: list[int], responses: list[list[int]]) -> tuple[Any, torch.Tensor]:
-        """The packed batch of ``rows`` with ``responses`` (as a rollout batch looks) and the rule's labels."""
+        """The packed batch of ``rows`` with ``responses`` (as a rollout batch looks) and the rule's scores (the
+        ``label`` sub-score) as labels."""
         from easyr1.data import collate_fn
         from easyr1.engines.base import pack_responses
         from easyr1.reward import build_reward_inputs
@@ -147,7 +161,7 @@ class _Pairs:
             pad_token_id=self.tokenizer.pad_token_id,
         )
         scores = self.rule.compute_score(build_reward_inputs(batch, self.tokenizer, True))
-        return batch, torch.tensor([score["accuracy"] for score in scores], dtype=torch.float32)
+        return batch, torch.tensor([score[self.settings.label] for score in scores], dtype=torch.float32)
 
 
 def response_logits(model: Any, batch: Any) -> torch.Tensor:
@@ -168,8 +182,8 @@ def heldout_accuracy(model: Any, pairs: _Pairs) -> float:
         rows = list(range(start, min(start + 16, len(pairs.items))))
         for colour in COLOURS:
             batch, labels = pairs.batch(rows, [[pairs.colour_ids[colour][0]] for _ in rows])
-            predicted = (torch.sigmoid(response_logits(model, batch)) > 0.5).float()
-            correct += int((predicted == labels).sum())
+            predicted = torch.sigmoid(response_logits(model, batch)) > 0.5
+            correct += int((predicted == (labels > 0.5)).sum())
             total += len(rows)
     model.train()
     return correct / total
@@ -200,6 +214,7 @@ def build_shape_judge(out_dir: str | Path, settings: JudgeTraining | None = None
     from easyr1.reward_model.classifier import save_value_head
     from easyr1.tools.tiny_dataset import build_shape_dataset
     from easyr1.tools.tiny_model import build_tiny_model
+    from easyr1.workers.actor import forward_inputs
     from easyr1.workers.critic import ValueModel
 
     settings = settings or JudgeTraining()
@@ -224,10 +239,12 @@ def build_shape_judge(out_dir: str | Path, settings: JudgeTraining | None = None
 
     language_model = load_model(str(out_dir), torch.float32)
     model = ValueModel(language_model).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.0)
+    # the LM head too: the caption loss trains it (and it is saved with the backbone, unused by the classifier)
+    parameters = [*model.parameters(), *language_model.lm_head.parameters()]
+    optimizer = torch.optim.AdamW(parameters, lr=settings.lr, weight_decay=0.0)
     # decayed to zero: the held-out accuracy swings by 0.1-0.3 between checks at a constant rate
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / settings.steps)
-    loss_fn = torch.nn.BCEWithLogitsLoss()
+    judge_loss = torch.nn.BCEWithLogitsLoss()
     for step in range(1, settings.steps + 1):
         rows = [rng.randrange(len(train_pairs.items)) for _ in range(settings.batch_size)]
         if step <= settings.image_steps:
@@ -236,10 +253,18 @@ def build_shape_judge(out_dir: str | Path, settings: JudgeTraining | None = None
             shares = (settings.right_share, settings.other_share)
         truths = [train_pairs.items[row]["ground_truth"] for row in rows]
         batch, labels = train_pairs.batch(rows, [train_pairs.response(truth, rng, *shares) for truth in truths])
-        loss = loss_fn(response_logits(model, batch), labels)
+        hidden = model.backbone(**forward_inputs(batch), use_cache=False).last_hidden_state
+        values = model.value_head(hidden).squeeze(-1).float()
+        last = batch["prompts"].shape[-1] + batch["response_mask"].sum(dim=-1) - 1
+        loss = judge_loss(values[torch.arange(len(batch)), last], labels)
+        if settings.caption_weight:
+            # the caption: the colour word from the prompt's last position (prompts are left-padded)
+            logits = language_model.lm_head(hidden[:, batch["prompts"].shape[-1] - 1]).float()
+            targets = torch.tensor([train_pairs.colour_ids[truth][0] for truth in truths])
+            loss = loss + settings.caption_weight * torch.nn.functional.cross_entropy(logits, targets)
         optimizer.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(parameters, 1.0)
         optimizer.step()
         schedule.step()
         if log and step % 100 == 0 and step < settings.steps:
