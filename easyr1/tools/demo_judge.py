@@ -71,6 +71,10 @@ class JudgeTraining:
     # happen to score high (runs learned to answer "?", scored 0.6-0.8, and "<|im_start|>", 0.93).
     right_share: float = 0.35
     other_share: float = 0.3
+    # hard-negative mining, as the policy searches for them: every mining_every steps of the second phase, the
+    # hard_negatives other tokens scored highest on some training image become half of the other tokens drawn
+    mining_every: int = 50
+    hard_negatives: int = 32
     hidden_size: int = 128
     # the policy's width, a 4x wider MLP: comparing the image's colour with the word's is an XOR-like feature that the
     # demo policy's 256 learned slowly (held-out 0.875 after 500 steps, one colour pair confused)
@@ -125,6 +129,7 @@ class _Pairs:
         banned = {getattr(model_config, name, None) for name in ("image_token_id", "video_token_id")}
         excluded = colour_tokens | banned | {self.tokenizer.eos_token_id}
         self.filler_ids = [token for token in range(len(self.tokenizer)) if token not in excluded]
+        self.hard_negatives: list[int] = []  # the other tokens the judge scores highest now (build_shape_judge)
         self.eos_id = self.tokenizer.eos_token_id
         self.rule = _shape_accuracy()
 
@@ -138,7 +143,8 @@ class _Pairs:
         if draw < right_share:
             ids = [rng.choice(self.colour_ids[truth])]
         elif draw < right_share + other_share:
-            ids = [rng.choice(self.filler_ids)]
+            hard = self.hard_negatives if self.hard_negatives and rng.random() < 0.5 else self.filler_ids
+            ids = [rng.choice(hard)]
         else:
             ids = [rng.choice(self.colour_ids[rng.choice([other for other in COLOURS if other != truth])])]
         if rng.random() < 0.5:
@@ -190,19 +196,20 @@ def heldout_accuracy(model: Any, pairs: _Pairs) -> float:
 
 
 @torch.no_grad()
-def highest_other_score(model: Any, pairs: _Pairs, images: int = 8, chunk: int = 64) -> float:
-    """The highest score the judge gives any one-token answer that is not a colour word (mean over ``images``
-    held-out images): a token above 0.5 is a reward the policy can collect without naming any colour."""
+def other_token_scores(model: Any, pairs: _Pairs, images: int = 8, chunk: int = 64) -> dict[int, float]:
+    """Each one-token answer that is not a colour word -> the highest score the judge gives it on the first
+    ``images`` images of ``pairs``: a token scored high on some image is a reward the policy can collect there without
+    naming the colour (a judge scored "\\n" 0.98 on blue shapes, and the policy answered "\\n" to them)."""
     model.eval()
     images = min(images, len(pairs.items))
     tokens = pairs.filler_ids + [pairs.eos_id]
-    highest = 0.0
+    highest: dict[int, float] = {}
     for start in range(0, len(tokens), chunk):
         part = tokens[start : start + chunk]
         rows = [row for _ in part for row in range(images)]
         batch, _ = pairs.batch(rows, [[token] for token in part for _ in range(images)])
-        scores = torch.sigmoid(response_logits(model, batch)).view(len(part), images).mean(dim=1)
-        highest = max(highest, scores.max().item())
+        scores = torch.sigmoid(response_logits(model, batch)).view(len(part), images).amax(dim=1)
+        highest.update(zip(part, scores.tolist()))
     model.train()
     return highest
 
@@ -267,6 +274,10 @@ def build_shape_judge(out_dir: str | Path, settings: JudgeTraining | None = None
         torch.nn.utils.clip_grad_norm_(parameters, 1.0)
         optimizer.step()
         schedule.step()
+        if step >= settings.image_steps and step % settings.mining_every == 0:
+            # hard negatives: half the other tokens of the next steps are those the judge now scores highest
+            scores = other_token_scores(model, train_pairs)
+            train_pairs.hard_negatives = sorted(scores, key=scores.get, reverse=True)[: settings.hard_negatives]
         if log and step % 100 == 0 and step < settings.steps:
             accuracy = heldout_accuracy(model, heldout_pairs)
             print(
@@ -274,7 +285,7 @@ def build_shape_judge(out_dir: str | Path, settings: JudgeTraining | None = None
                 flush=True,
             )
     accuracy = heldout_accuracy(model, heldout_pairs)
-    other = highest_other_score(model, heldout_pairs)
+    other = max(other_token_scores(model, heldout_pairs).values())
     language_model.save_pretrained(out_dir)
     save_value_head(model, out_dir)
     seconds = time.time() - start
@@ -288,7 +299,7 @@ def build_shape_judge(out_dir: str | Path, settings: JudgeTraining | None = None
     if log:
         print(
             f"judge_accuracy={accuracy:.3f} (held-out image / colour pairs) highest_other_score={other:.3f} (a "
-            f"one-token answer that names no colour) seconds={seconds:.0f}",
+            f"one-token answer that names no colour, on any of 8 held-out images) seconds={seconds:.0f}",
             flush=True,
         )
     return Path(out_dir)
