@@ -266,6 +266,34 @@ def judge_config(model_dir: Path, data_dir: Path, files: dict[str, Path], *overr
     )
 
 
+def classifier_config(model_dir: Path, data_dir: Path, files: dict[str, Path], *overrides: str) -> PPOConfig:
+    """The demo config with the tiny classifier of ``files`` as the reward model."""
+    return demo_config(
+        model_dir,
+        data_dir,
+        "worker.reward_model.kind=classifier",
+        f"worker.reward_model.model_path={files['classifier']}",
+        *overrides,
+    )
+
+
+def with_judge_requests(config: PPOConfig, batch: Batch, model_dir: Path) -> Batch:
+    """A shallow copy of ``batch`` with each sample's rendered judge request (a judge config), as the driver sends it
+    to the workers; ``batch`` itself unchanged for a classifier."""
+    from easyr1.reward import build_reward_inputs
+    from easyr1.reward_model.client import image_counts, render_requests
+    from easyr1.reward_model.scorer import REQUEST, _objects
+    from easyr1.reward_model.template import JudgeTemplate
+
+    sent = batch.union(Batch())
+    if config.worker.reward_model.kind == "judge":
+        tokenizer, _ = load_tokenizer_and_processor(str(model_dir))
+        inputs = build_reward_inputs(batch, tokenizer, True)
+        template = JudgeTemplate(config.worker.reward_model.template)
+        sent[REQUEST] = _objects(render_requests(template, inputs, image_counts(batch)))
+    return sent
+
+
 def one_response_two_images(model_dir: Path, data_dir: Path) -> Batch:
     """Two shape prompts (the same question, different images) with the same response and the same answer."""
     prompts = prompt_batch(model_dir, data_dir, 2)

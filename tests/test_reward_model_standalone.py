@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import demo_config, judge_config, one_response_two_images, start_ray, tiny_judge_files
+from helpers import (
+    classifier_config,
+    demo_config,
+    judge_config,
+    one_response_two_images,
+    start_ray,
+    tiny_judge_files,
+    with_judge_requests,
+)
 
 from easyr1.errors import ConfigError
 from easyr1.models.loading import load_tokenizer_and_processor
@@ -18,9 +26,8 @@ from easyr1.protocol import Batch
 from easyr1.reward import build_reward_inputs
 from easyr1.reward.function import RewardFunction
 from easyr1.reward.scorer import LocalRewardScorer
-from easyr1.reward_model.client import RewardModelClient, image_counts, render_requests
-from easyr1.reward_model.scorer import REQUEST, SCORE, RewardModelScorer, _objects
-from easyr1.reward_model.template import JudgeTemplate
+from easyr1.reward_model.client import RewardModelClient
+from easyr1.reward_model.scorer import SCORE, RewardModelScorer
 
 
 @pytest.fixture(scope="module")
@@ -28,18 +35,14 @@ def judge_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return tiny_judge_files(tmp_path_factory.mktemp("reward_models"))
 
 
-def colocated_scores(config, batch: Batch, inputs: list[dict]) -> list[float]:
+def colocated_scores(config, batch: Batch, model_dir: Path) -> list[float]:
     """What the colocated scorer (in this process) gives ``batch``; a judge on the HF engine, whose judgements are
     the vLLM judge's token for token (test_reward_model.py)."""
     config = copy.deepcopy(config)
     config.worker.reward_model.engine = "hf"
-    sent = batch.union(Batch())
-    if config.worker.reward_model.kind == "judge":
-        template = JudgeTemplate(config.worker.reward_model.template)
-        sent[REQUEST] = _objects(render_requests(template, inputs, image_counts(batch)))
     scorer = RewardModelScorer(config, torch.float32, "cpu")
     try:
-        return scorer.score(sent)[SCORE].tolist()
+        return scorer.score(with_judge_requests(config, batch, model_dir))[SCORE].tolist()
     finally:
         scorer.close()
 
@@ -55,31 +58,17 @@ def test_standalone_worker_scores_what_the_colocated_scorer_scores(
     from easyr1.build import start_reward_model_workers
     from easyr1.reward_model.worker import RewardModelWorker
 
-    placement = "worker.reward_model.placement=standalone"
+    standalone = ["worker.reward_model.placement=standalone", "worker.reward.reward_function=null"]
     if kind == "classifier":
-        config = demo_config(
-            tiny_qwen2_5_vl_dir,
-            tiny_dataset_dir,
-            "worker.reward_model.kind=classifier",
-            f"worker.reward_model.model_path={judge_files['classifier']}",
-            "worker.reward.reward_function=null",
-            placement,
-        )
+        config = classifier_config(tiny_qwen2_5_vl_dir, tiny_dataset_dir, judge_files, *standalone)
     else:
-        engine = kind.removeprefix("judge-")
-        config = judge_config(
-            tiny_qwen2_5_vl_dir,
-            tiny_dataset_dir,
-            judge_files,
-            f"worker.reward_model.engine={engine}",
-            "worker.reward.reward_function=null",
-            placement,
-        )
+        engine = f"worker.reward_model.engine={kind.removeprefix('judge-')}"
+        config = judge_config(tiny_qwen2_5_vl_dir, tiny_dataset_dir, judge_files, engine, *standalone)
     config.fill_derived()  # no reward file: the built-in one, the reward model's score
     batch = one_response_two_images(tiny_qwen2_5_vl_dir, tiny_dataset_dir)
     tokenizer, _ = load_tokenizer_and_processor(str(tiny_qwen2_5_vl_dir))
     inputs = build_reward_inputs(batch, tokenizer, True)
-    expected = colocated_scores(config, batch, build_reward_inputs(batch, tokenizer, True))
+    expected = colocated_scores(config, batch, tiny_qwen2_5_vl_dir)
     assert expected[0] != expected[1]  # the same text: only the image differs
 
     start_ray()

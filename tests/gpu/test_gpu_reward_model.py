@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import demo_config, judge_config, one_response_two_images, tiny_judge_files
+from helpers import classifier_config, judge_config, one_response_two_images, tiny_judge_files, with_judge_requests
 
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -24,40 +24,17 @@ def judge_files(tmp_path_factory):
     return tiny_judge_files(tmp_path_factory.mktemp("gpu_reward_models"))
 
 
-def requests_for(config, batch, model_dir):
-    """``batch`` with the judge's rendered requests, as the driver sends it to the workers."""
-    from easyr1.models.loading import load_tokenizer_and_processor
-    from easyr1.protocol import Batch
-    from easyr1.reward import build_reward_inputs
-    from easyr1.reward_model.client import image_counts, render_requests
-    from easyr1.reward_model.scorer import REQUEST, _objects
-    from easyr1.reward_model.template import JudgeTemplate
-
-    tokenizer, _ = load_tokenizer_and_processor(str(model_dir))
-    inputs = build_reward_inputs(batch, tokenizer, True)
-    sent = batch.union(Batch())
-    if config.worker.reward_model.kind == "judge":
-        template = JudgeTemplate(config.worker.reward_model.template)
-        sent[REQUEST] = _objects(render_requests(template, inputs, image_counts(batch)))
-    return sent
-
-
 @pytest.mark.parametrize("kind", ["classifier", "judge-hf"])
 def test_colocated_reward_model_sleeps_back_to_the_memory_it_found(
     kind, tiny_qwen2_5_vl_dir, tiny_dataset_dir, judge_files
 ):
     from easyr1.reward_model.scorer import SCORE, RewardModelScorer
 
-    if kind == "classifier":
-        config = demo_config(
-            tiny_qwen2_5_vl_dir,
-            tiny_dataset_dir,
-            "worker.reward_model.kind=classifier",
-            f"worker.reward_model.model_path={judge_files['classifier']}",
-        )
-    else:
-        config = judge_config(tiny_qwen2_5_vl_dir, tiny_dataset_dir, judge_files)
-    batch = requests_for(config, one_response_two_images(tiny_qwen2_5_vl_dir, tiny_dataset_dir), tiny_qwen2_5_vl_dir)
+    make_config = classifier_config if kind == "classifier" else judge_config
+    config = make_config(tiny_qwen2_5_vl_dir, tiny_dataset_dir, judge_files)
+    batch = with_judge_requests(
+        config, one_response_two_images(tiny_qwen2_5_vl_dir, tiny_dataset_dir), tiny_qwen2_5_vl_dir
+    )
     expected = RewardModelScorer(config, torch.float32, "cpu").score(batch)[SCORE]
 
     torch.cuda.synchronize()
