@@ -18,6 +18,7 @@ from helpers import demo_config
 from easyr1.distributed.local_group import LocalWorkerGroup
 from easyr1.distributed.worker import Worker, method_name
 from easyr1.engines import ENGINES
+from easyr1.reward_model.worker import RewardModelWorker
 from easyr1.stages import RolloutStage
 from easyr1.stages.multi_turn import MultiTurnStage
 from easyr1.stages.single_turn import SingleTurnStage
@@ -117,5 +118,5 @@ def test_every_worker_call_of_the_driver_names_a_method_of_the_worker():
     calls = [(path.name, *call) for path in PACKAGE.rglob("*.py") for call in worker_calls(path)]
     assert len(calls) >= 10  # the finder sees the trainer's and the stages' calls
     for file, line, owner, method in calls:
-        cls = {"HybridWorker": HybridWorker, "Worker": Worker}[owner]
+        cls = {"HybridWorker": HybridWorker, "Worker": Worker, "RewardModelWorker": RewardModelWorker}[owner]
         assert callable(getattr(cls, method, None)), f"{file}:{line} calls {owner}.{method}, which does not exist"
