@@ -296,36 +296,6 @@ def test_judge_only_run_logs_its_text(tiny_qwen2_5_vl_dir, tiny_dataset_dir, jud
     assert "reward model" in page and "(unparseable)" in page
 
 
-@pytest.mark.vllm
-def test_vllm_judge_sees_the_image_and_matches_the_hf_judge(
-    tiny_qwen2_5_vl_dir, tiny_dataset_dir, judge_files, same_response_two_images
-):
-    """The judge on a vLLM engine in this process: the two judgements differ by image alone and are, token for
-    token, the HF judge's (both greedy in fp32)."""
-    from helpers import single_rank_vllm_world
-
-    from easyr1.reward_model.judge import HFJudge, JudgeRequest, VLLMJudge
-
-    config = judge_config(tiny_qwen2_5_vl_dir, tiny_dataset_dir, judge_files)
-    tokenizer, _ = load_tokenizer_and_processor(str(tiny_qwen2_5_vl_dir))
-    requests = render_requests(
-        JudgeTemplate(config.worker.reward_model.template),
-        build_reward_inputs(same_response_two_images, tokenizer, True),
-        image_counts(same_response_two_images),
-    )
-    judge_requests = [
-        JudgeRequest(text, data["images"])
-        for text, data in zip(requests, same_response_two_images["multi_modal_data"])
-    ]
-    settings = config.worker.reward_model
-    with single_rank_vllm_world():
-        judge = VLLMJudge(str(judge_files["judge"]), settings, torch.float32, "cpu")
-        texts = judge.judge(judge_requests)
-        judge.close()
-    assert texts[0] != texts[1]
-    assert texts == HFJudge(str(judge_files["judge"]), settings, torch.float32, "cpu").judge(judge_requests)
-
-
 def test_plan_counts_the_judge_and_refuses_one_that_does_not_fit(tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path):
     """The plan has a reward-model phase after generation with the judge engine's share of the GPU; a 72B judge
     beside a tiny policy on one H100 does not fit, and the refusal names the reward model's settings."""

@@ -1,6 +1,7 @@
 """worker.reward_model.placement=standalone: the reward model on a Ray worker of its own scores what the colocated
-scorer scores (the classifier, the judge on the HF engine and on vLLM), each score depending on the sample's image;
-the driver's call returns before the scores exist and the reward function gets them; the refusals name the key.
+scorer scores (the classifier, the judge on the HF engine and on vLLM, whose judgements are the HF judge's token for
+token), each score depending on the sample's image, and the reward function gets the results; the refusals name the
+key. (A whole split run with a standalone classifier, resumed, is in test_one_step_off.py.)
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from easyr1.reward import build_reward_inputs
 from easyr1.reward.function import RewardFunction
 from easyr1.reward.scorer import LocalRewardScorer
 from easyr1.reward_model.client import RewardModelClient
-from easyr1.reward_model.scorer import SCORE, RewardModelScorer
+from easyr1.reward_model.scorer import SCORE, TEXT, RewardModelScorer
 
 
 @pytest.fixture(scope="module")
@@ -35,14 +36,15 @@ def judge_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return tiny_judge_files(tmp_path_factory.mktemp("reward_models"))
 
 
-def colocated_scores(config, batch: Batch, model_dir: Path) -> list[float]:
-    """What the colocated scorer (in this process) gives ``batch``; a judge on the HF engine, whose judgements are
-    the vLLM judge's token for token (test_reward_model.py)."""
+def colocated_results(config, batch: Batch, model_dir: Path) -> tuple[list[float], list[str | None]]:
+    """The scores and texts the colocated scorer (in this process) gives ``batch``, a judge on the HF engine (greedy
+    in fp32: the vLLM judge must write the same judgements token for token)."""
     config = copy.deepcopy(config)
     config.worker.reward_model.engine = "hf"
     scorer = RewardModelScorer(config, torch.float32, "cpu")
     try:
-        return scorer.score(with_judge_requests(config, batch, model_dir))[SCORE].tolist()
+        results = scorer.score(with_judge_requests(config, batch, model_dir))
+        return results[SCORE].tolist(), list(results[TEXT])
     finally:
         scorer.close()
 
@@ -68,7 +70,7 @@ def test_standalone_worker_scores_what_the_colocated_scorer_scores(
     batch = one_response_two_images(tiny_qwen2_5_vl_dir, tiny_dataset_dir)
     tokenizer, _ = load_tokenizer_and_processor(str(tiny_qwen2_5_vl_dir))
     inputs = build_reward_inputs(batch, tokenizer, True)
-    expected = colocated_scores(config, batch, tiny_qwen2_5_vl_dir)
+    expected, texts = colocated_results(config, batch, tiny_qwen2_5_vl_dir)
     assert expected[0] != expected[1]  # the same text: only the image differs
 
     start_ray()
@@ -81,6 +83,7 @@ def test_standalone_worker_scores_what_the_colocated_scorer_scores(
     finally:
         client.close()
     assert [result["score"] for result in rewards.reward_model] == pytest.approx(expected, abs=1e-4)
+    assert [result["text"] for result in rewards.reward_model] == texts  # None for the classifier
     assert rewards.sub_scores["overall"] == pytest.approx(expected, abs=1e-4)
     assert [reward_input["reward_model"]["score"] for reward_input in inputs] == pytest.approx(expected, abs=1e-4)
 
