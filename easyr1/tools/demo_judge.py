@@ -306,12 +306,16 @@ def build_shape_judge(out_dir: str | Path, settings: JudgeTraining | None = None
 
 
 def judge_overrides(path: str | Path = JUDGE_DIR) -> list[str]:
-    """The config overrides of the judge demo: one-token answers; the classifier at ``path`` scores, its sigmoid is the
-    reward (through ``reward_function/shape_color_judge.py``, which logs the rule's accuracy beside it)."""
+    """The config overrides of the judge demo: one-token answers, 16 samples a prompt; the classifier at ``path``
+    scores, its sigmoid is the reward (through ``reward_function/shape_color_judge.py``, which logs the rule's
+    accuracy beside it)."""
     return [
         # one-token answers: the judge was trained on every one-token answer, and a longer one is a sequence it never
         # saw (a first judge, trained on single words, scored "blue blue blue blue" 0.99 on a green shape)
         "data.max_response_length=1",
+        # 16 samples a prompt, not 8: with one-token answers a group of 8 soon says one colour for every image (no
+        # reward variance left: seed 2 ended at 0.23 rule accuracy, entropy 0.03; with 16, 0.48)
+        "worker.rollout.n=16",
         "worker.reward_model.kind=classifier",
         f"worker.reward_model.model_path={path}",
         "worker.reward_model.normalize=sigmoid",
