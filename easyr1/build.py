@@ -252,14 +252,19 @@ def run_device(config: PPOConfig) -> str:
     return resolve_device(config.trainer.device, ray.cluster_resources())
 
 
+def worker_threads(config: PPOConfig, device: str) -> int:
+    """Torch threads of one worker: on CPU a node's workers share its cores (more threads than cores only adds
+    contention), on GPU :data:`GPU_WORKER_THREADS`."""
+    if device == "cpu":
+        return max(1, (os.cpu_count() or 1) // config.trainer.n_gpus_per_node)
+    return GPU_WORKER_THREADS
+
+
 def start_workers(config: PPOConfig, device: str, role: str = HYBRID, num_workers: int | None = None) -> Any:
     """The worker group of :class:`HybridWorker` ranks (models not loaded yet): Ray actors placed by node, or one
     worker in this process (``trainer.single_process``). Each gets the settled config and ``role`` (a split
     placement's ``trainer`` or ``generator`` group of ``num_workers``; default: every worker, ``hybrid``)."""
-    # on CPU a node's workers share its cores; more threads than cores only adds contention
-    threads = GPU_WORKER_THREADS
-    if device == "cpu":
-        threads = max(1, (os.cpu_count() or 1) // config.trainer.n_gpus_per_node)
+    threads = worker_threads(config, device)
     if config.trainer.single_process:
         return LocalWorkerGroup(
             HybridWorker, init_args=(config,), threads_per_worker=threads, backend=pick_backend(device)
@@ -281,20 +286,16 @@ def start_workers(config: PPOConfig, device: str, role: str = HYBRID, num_worker
 def start_reward_model_workers(config: PPOConfig, device: str) -> Any:
     """``worker.reward_model.placement=standalone``: the reward model's own group of ``num_workers`` Ray actors on one
     node, a device each (models not loaded yet); None otherwise."""
-    settings = config.worker.reward_model
-    if not settings.enabled or settings.placement != "standalone":
+    if not config.worker.reward_model.standalone:
         return None
     from easyr1.distributed.worker_group import WorkerGroup
 
-    threads = GPU_WORKER_THREADS
-    if device == "cpu":
-        threads = max(1, (os.cpu_count() or 1) // config.trainer.n_gpus_per_node)
     return WorkerGroup(
         RewardModelWorker,
-        settings.num_workers,
+        config.worker.reward_model.num_workers,
         init_args=(config,),
         gpus_per_worker=1 if device == "cuda" else 0,
-        threads_per_worker=threads,
+        threads_per_worker=worker_threads(config, device),
         backend=pick_backend(device),
         cache_sample_tensors=False,
     )

@@ -285,6 +285,14 @@ def test_rewards_follow_their_samples_through_index_and_concat() -> None:
     assert merged.sub_scores == {"overall": [3.0, 1.0, 4.0], "acc": [0.0, 0.0, 1.0]}
     assert first.index(torch.tensor([1])).sub_scores == {"overall": [2.0], "acc": [1.0]}
 
+    # the reward model's per-sample results travel with them (the rollout log reads them in the batch's order)
+    judged = [{"score": float(i), "text": f"t{i}", "parsed": True} for i in range(3)]
+    with_results = Rewards(first.sub_scores, reward_model=judged)
+    reordered = Rewards.concat(
+        [with_results.index([2, 0]), Rewards({"overall": [4.0], "acc": [1.0]}, reward_model=[judged[1]])]
+    )
+    assert [result["text"] for result in reordered.reward_model] == ["t2", "t0", "t1"]
+
 
 # ----------------------------------------------------------------------------------------------------------------
 # Shipped reward functions

@@ -80,6 +80,16 @@ class RewardModelConfig:
         """Whether a reward model scores the responses."""
         return self.kind is not None
 
+    @property
+    def colocated(self) -> bool:
+        """Whether a reward model scores on the hybrid workers."""
+        return self.enabled and self.placement == "colocated"
+
+    @property
+    def standalone(self) -> bool:
+        """Whether a reward model scores on workers of its own."""
+        return self.enabled and self.placement == "standalone"
+
 
 # Value rules of single keys, relative to ``worker.reward_model``.
 REWARD_MODEL_RANGES = {

@@ -53,7 +53,7 @@ def plan_run(config: Any, device: Device, **options: Any) -> tuple[Plan, list]:
 
     reward_model_size = None
     # the judge or classifier on every worker (standalone: on devices of its own, outside the workers' plan)
-    if config.worker.reward_model.enabled and config.worker.reward_model.placement == "colocated":
+    if config.worker.reward_model.colocated:
         from easyr1.models.loading import load_model_config
 
         reward_model_size = measure_model(load_model_config(config.worker.reward_model.model_path))

@@ -231,8 +231,7 @@ def make_plan(
     engine = plan_engine(config, size, engine_dtype(config, actor.precision.compute, kind), kind, device.memory_bytes)
     phases = _phases(states, engine, update, experience, split)
     reward_model = None
-    colocated = worker.reward_model.enabled and worker.reward_model.placement == "colocated"
-    if reward_model_size is not None and colocated and not split:  # standalone: a device of its own
+    if reward_model_size is not None and worker.reward_model.colocated and not split:  # standalone: its own devices
         reward_model = plan_reward_model(config, reward_model_size, engine.dtype, kind, device.memory_bytes)
         phases = _with_reward_model(phases, states, engine, reward_model)
     host_worker, host_node = _host(config, device, states, phases, size)

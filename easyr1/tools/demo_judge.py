@@ -42,7 +42,7 @@ _SHAPE_REWARD = Path(__file__).resolve().parents[2] / "reward_function" / "shape
 
 @dataclass
 class JudgeTraining:
-    """How the demo's judge is trained (the brief's target: about a minute on two free CPU cores)."""
+    """How the demo's judge is trained (about three minutes on two free CPU cores)."""
 
     seed: int = 1
     num_train_images: int = 512
@@ -51,7 +51,7 @@ class JudgeTraining:
     batch_size: int = 64
     lr: float = 1e-3
     max_prompt_length: int = 40  # the shape prompt's 33 tokens; less padding to train through than the demo's 64
-    response_length: int = 4  # the demo's worker.rollout max_response_length
+    response_length: int = 4  # the packed response width (at least 2: a one-token answer and EOS)
     pixels: int = 3136  # the demo's data.min_pixels / max_pixels
     # the rule's score the judge learns to predict: "overall" = 0.2 for naming a colour + 0.8 for the right one, the
     # shaping that lets the demo's tiny policy find colour words long before it is right; with "accuracy" (wrong
@@ -104,6 +104,7 @@ class _Pairs:
         from easyr1.models.loading import load_model_config, load_tokenizer_and_processor
 
         self.tokenizer, processor = load_tokenizer_and_processor(str(model_dir))
+        model_config = load_model_config(str(model_dir))
         dataset = RLDataset(
             str(data_file),
             self.tokenizer,
@@ -113,7 +114,7 @@ class _Pairs:
             max_prompt_length=settings.max_prompt_length,
             min_pixels=settings.pixels,
             max_pixels=settings.pixels,
-            model_config=load_model_config(str(model_dir)),
+            model_config=model_config,
         )
         self.items = [dataset[index] for index in range(len(dataset))]
         self.settings = settings
@@ -125,7 +126,6 @@ class _Pairs:
         # every token the policy can write that is no colour word: special tokens included (unseen, "<|im_start|>"
         # decoded to "" and scored 0.93: the policy answered with it), only the vision placeholders left out (the
         # rollout bans them) and EOS (an answer of its own, empty_share)
-        model_config = load_model_config(str(model_dir))
         banned = {getattr(model_config, name, None) for name in ("image_token_id", "video_token_id")}
         excluded = colour_tokens | banned | {self.tokenizer.eos_token_id}
         self.filler_ids = [token for token in range(len(self.tokenizer)) if token not in excluded]

@@ -174,9 +174,8 @@ class HybridWorker(Worker):
                 residency.release()  # off the device before the engine claims its memory
         if self.role == HYBRID:
             self._init_engine()
-            reward_model = config.worker.reward_model
             # after the policy's engine: a vLLM judge joins its parallel state
-            if reward_model.enabled and reward_model.placement == "colocated":
+            if config.worker.reward_model.colocated:
                 self.reward_model = RewardModelScorer(
                     config, engine_dtype(config.worker.rollout.dtype, self.precision.compute), self.device
                 )
