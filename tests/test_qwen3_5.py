@@ -18,7 +18,7 @@ from easyr1.config import check_against_model
 from easyr1.engines.base import pack_responses
 from easyr1.errors import ConfigError
 from easyr1.models import linear_attention
-from easyr1.models.families import SUPPORTED_FAMILIES
+from easyr1.models.families import FAMILIES as SUPPORTED_FAMILIES
 from easyr1.models.lora import apply_lora
 from easyr1.models.rope import MRopeSettings, is_mrope_config
 from easyr1.models.vision_tower import vision_keepalive

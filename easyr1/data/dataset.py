@@ -32,6 +32,7 @@ from easyr1.data.vision import (
     vision_bounds,
 )
 from easyr1.errors import DataError
+from easyr1.models.families import family_of
 from easyr1.models.loading import load_model_config, pad_token_id
 from easyr1.models.rope import MRopeSettings, is_mrope_config, prompt_position_ids
 
@@ -265,11 +266,15 @@ class RLDataset(torch.utils.data.Dataset):
         self.processor_bounds: VisionBounds | None = None  # the processor's own, used when it resizes again
         self.video_bounds: VisionBounds | None = None  # the frames' bounds: max_pixels lowered by video_max_pixels
         self.mrope: MRopeSettings | None = None
+        self.model_config = model_config
         if processor is not None and getattr(processor, "image_processor", None) is not None:
             self.bounds = vision_bounds(processor, min_pixels, max_pixels)
             self.processor_bounds = vision_bounds(processor)
             self.video_bounds = video_bounds(self.bounds, video_max_pixels)
-            self.mrope = self._mrope_settings(model_config, tokenizer)
+            if model_config is None:  # the tokenizer's directory is the model's (tests build datasets this way)
+                self.model_config = load_model_config(tokenizer.name_or_path)
+            if is_mrope_config(self.model_config):
+                self.mrope = MRopeSettings.from_model_config(self.model_config)
 
         self.rows = load_rows(self.data_files)
         if not self.rows:
@@ -305,12 +310,6 @@ class RLDataset(torch.utils.data.Dataset):
         }
         options = {name: getattr(config, name, default) for name, default in defaults.items()}
         return cls(data_files, tokenizer, processor, model_config=model_config, **options)
-
-    @staticmethod
-    def _mrope_settings(model_config: Any, tokenizer: Any) -> MRopeSettings | None:
-        if model_config is None:  # the tokenizer's directory is the model's (tests build datasets this way)
-            model_config = load_model_config(tokenizer.name_or_path)
-        return MRopeSettings.from_model_config(model_config) if is_mrope_config(model_config) else None
 
     # ------------------------------------------------------------------ checks done once, up front
 
@@ -515,18 +514,11 @@ class RLDataset(torch.utils.data.Dataset):
         }
 
     def _check_expansion(self, row: Row, input_ids: torch.Tensor, raw_prompt_ids: list[int]) -> None:
-        """The expanded ids with each run of image pads collapsed to one pad must equal the unexpanded ids."""
-        image_token_id = getattr(self.processor, "image_token_id", None)
-        if image_token_id is None and self.mrope is not None:
-            image_token_id = self.mrope.image_token_id
-        ids = input_ids.tolist()
-        collapsed = [
-            token
-            for position, token in enumerate(ids)
-            if not (token == image_token_id and position > 0 and ids[position - 1] == image_token_id)
-        ]
-        if collapsed != raw_prompt_ids:
+        """The processor's expanded ids must correspond to the unexpanded ids the engine gets, by the family's rule
+        (Qwen-VL: each run of image pads collapsed to one pad gives them back)."""
+        family = family_of(self.model_config)
+        if not family.expansion_matches(input_ids.tolist(), raw_prompt_ids, self.processor, self.model_config):
             raise DataError(
                 f"{row.where}: the processor's prompt ids do not match the tokenizer's; the chat template or the "
-                "image placeholder tokens of this model are not the Qwen-VL ones this trainer expects"
+                f"image placeholder tokens of this model are not the ones its family ({family.name}) uses"
             )

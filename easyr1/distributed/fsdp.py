@@ -21,6 +21,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor
 
 from easyr1.errors import ConfigError
+from easyr1.models.families import family_of
 
 
 _cpu_offload_notice_printed = False
@@ -95,10 +96,11 @@ def shard_model(
     # The vision tower stays in the root unit: gathered once per forward however often it runs (a Qwen-VL forward
     # runs it once for images, once for videos, not at all for text), so ranks with different mixes of rows issue
     # the same collectives. See models/vision_tower.py for the other half (every vision weight gets a gradient).
+    family = family_of(model.config)
     blocks = [
         module
         for name, module in model.named_modules()
-        if type(module).__name__ in block_names and "visual" not in name.split(".")
+        if type(module).__name__ in block_names and not family.is_vision_module(name)
     ]
     if not blocks:
         raise ValueError(f"{type(model).__name__} lists no shardable blocks in _no_split_modules")

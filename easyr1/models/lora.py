@@ -14,8 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from easyr1.models.families import family_of
 
-DEFAULT_EXCLUDE = r".*\bvisual\b.*"  # every module inside the vision tower
+
 PEFT_PREFIX = "base_model.model."
 ADAPTER = "default"
 
@@ -31,7 +32,7 @@ def apply_lora(model: nn.Module, lora: Any) -> nn.Module:
         r=lora.rank,
         lora_alpha=lora.alpha,
         target_modules=targets,
-        exclude_modules=lora.exclude_modules or DEFAULT_EXCLUDE,
+        exclude_modules=lora.exclude_modules or family_of(model.config).lora_exclude(),
         lora_dropout=0.0,
         bias="none",
     )

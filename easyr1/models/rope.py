@@ -52,16 +52,16 @@ class MRopeSettings:
 def is_mrope_config(config: Any) -> bool:
     """Whether a transformers model config describes a Qwen-VL model that uses m-rope position ids.
 
-    Decided by ``model_type`` (:data:`easyr1.models.families.MROPE_MODEL_TYPES`): other vision-language families
-    (InternVL, Gemma 3) also have a vision config and an image token id, but rotate with plain 1-D positions. A
-    config without a ``model_type`` (a look-alike) is judged by those two attributes.
+    Decided by the model's family (``Family.mrope``, by ``model_type``): other vision-language families (InternVL,
+    Gemma 3) also have a vision config and an image token id, but rotate with plain 1-D positions. A config without
+    a ``model_type`` (a look-alike) is judged by those two attributes; an unsupported type is not m-rope.
     """
-    from easyr1.models.families import MROPE_MODEL_TYPES
+    from easyr1.models.families import FAMILIES, family_of
 
     model_type = getattr(config, "model_type", None)
-    if model_type:
-        return model_type in MROPE_MODEL_TYPES
-    return hasattr(config, "vision_config") and hasattr(config, "image_token_id")
+    if model_type and model_type not in FAMILIES:
+        return False
+    return family_of(config).mrope
 
 
 def _as_grid_list(grid_thw: torch.Tensor | Sequence[Sequence[int]] | None) -> list[tuple[int, int, int]]:

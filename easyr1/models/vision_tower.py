@@ -4,7 +4,8 @@ Under FSDP the vision tower belongs to the root unit (``distributed/fsdp.py``): 
 root's at the start of every forward, so running the tower zero, one or two times issues no collectives. What is
 left is the backward: the root reduce-scatters the gradients of its weights, and every rank must hand it the same
 set. On a micro-batch without images or videos the tower does not run and its weights get no gradient; so it runs
-on a 2x2-patch dummy image whose output enters the result multiplied by zero (zero gradients, same set everywhere).
+on the family's smallest dummy image, whose output enters the result multiplied by zero (zero gradients, the same
+set everywhere).
 """
 
 from __future__ import annotations
@@ -15,26 +16,21 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
+from easyr1.models.families import family_of
+
 
 def _vision_config(model: nn.Module) -> Any | None:
     return getattr(getattr(model, "config", None), "vision_config", None)
 
 
-def dummy_image_inputs(
-    model: nn.Module, device: torch.device | str | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The smallest valid image for ``model``'s tower: ``pixel_values`` (4, patch dim) and its (1, 3) grid, on
-    ``device`` (default: where the parameters are; with FSDP CPU offload that is the host, not the compute device)."""
-    vision = _vision_config(model)
-    merge = int(getattr(vision, "spatial_merge_size", 2))
-    patch = int(getattr(vision, "patch_size", 14))
-    temporal = int(getattr(vision, "temporal_patch_size", 2))
-    channels = int(getattr(vision, "in_channels", getattr(vision, "in_chans", 3)))
-    parameter = next(model.parameters())
-    pixels = torch.zeros(merge * merge, channels * temporal * patch * patch, dtype=parameter.dtype)
-    grid = torch.tensor([[1, merge, merge]], dtype=torch.long)
-    device = parameter.device if device is None else device
-    return pixels.to(device), grid.to(device)
+def dummy_image_inputs(model: nn.Module, device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
+    """The smallest valid image for ``model``'s tower, as ``get_image_features``' keyword arguments (the family's
+    shape: ``Family.dummy_image``), on ``device`` (default: where the parameters are; with FSDP CPU offload that is
+    the host, not the compute device)."""
+    family = family_of(model.config)
+    if family.dummy_image is None:
+        raise ValueError(f"the {family.name} family has no vision tower to run")
+    return family.dummy_image(model, next(model.parameters()).device if device is None else device)
 
 
 def _sum_tensors(value: Any) -> torch.Tensor:
@@ -64,13 +60,13 @@ def vision_keepalive(
     if isinstance(root, FSDPModule):
         # the same all-gather the forward would start with; the forward then finds the weights gathered
         root.unshard()
-    pixels, grid = dummy_image_inputs(model, device)
-    return _sum_tensors(model.get_image_features(pixels, grid)) * 0.0
+    return _sum_tensors(model.get_image_features(**dummy_image_inputs(model, device))) * 0.0
 
 
 def freeze_vision_tower(model: nn.Module) -> None:
-    """Stop training the vision encoder (``model.freeze_vision_tower``): every parameter inside a module named
-    ``visual`` keeps its weights; the rest of the model is left as it is."""
+    """Stop training the vision encoder (``model.freeze_vision_tower``): every parameter inside the family's vision
+    modules (``visual`` for Qwen-VL) keeps its weights; the rest of the model is left as it is."""
+    family = family_of(model.config)
     for name, param in model.named_parameters():
-        if "visual" in name.split("."):
+        if family.is_vision_module(name):
             param.requires_grad_(False)

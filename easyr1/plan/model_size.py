@@ -15,11 +15,8 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, PretrainedConfig
 
+from easyr1.models.families import family_of
 from easyr1.models.loading import apply_config_overrides, is_vision_language
-from easyr1.models.lora import DEFAULT_EXCLUDE
-
-
-VISION_MODULE = re.compile(r"(^|\.)(visual|vision_tower|vision_model)(\.|$)")
 
 
 @dataclass(frozen=True)
@@ -66,6 +63,7 @@ class ModelSize:
     vision_shape: VisionShape | None
     linear_shapes: tuple[tuple[str, int, int], ...]
     output_layer: str
+    lora_exclude: str  # the family's default lora.exclude_modules: its vision tower
 
     @property
     def matmul_language(self) -> int:
@@ -83,7 +81,7 @@ class ModelSize:
         """
         if rank <= 0:
             return 0
-        exclude = re.compile(exclude_modules or DEFAULT_EXCLUDE)
+        exclude = re.compile(exclude_modules or self.lora_exclude)
         names = None if target_modules == "all-linear" else [n.strip() for n in target_modules.split(",") if n.strip()]
         total = 0
         for name, fan_in, fan_out in self.linear_shapes:
@@ -148,10 +146,12 @@ def measure_model(config: PretrainedConfig, override: dict[str, Any] | None = No
     model_class = AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
     with torch.device("meta"):
         model = model_class.from_config(config)
+    family = family_of(config)
+    # each tower counted once: a module inside the tower whose parent is not
     vision = sum(
         _count(module)
         for name, module in model.named_modules()
-        if VISION_MODULE.search(name) and not VISION_MODULE.search(name.rsplit(".", 1)[0] if "." in name else "")
+        if family.is_vision_module(name) and not family.is_vision_module(name.rpartition(".")[0])
     )
     total = _count(model)
     embedding = model.get_input_embeddings().weight
@@ -180,4 +180,5 @@ def measure_model(config: PretrainedConfig, override: dict[str, Any] | None = No
         vision_shape=_vision_shape(config),
         linear_shapes=linears,
         output_layer=output_layer,
+        lora_exclude=family.lora_exclude(),
     )

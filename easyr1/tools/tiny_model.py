@@ -22,10 +22,23 @@ import torch
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, ProcessorMixin, Qwen2Tokenizer
 
+    from easyr1.models.families import TinyRecipe
 
-VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5")
+
+VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5")  # the Qwen-VL families, built here
 TEXT_FAMILIES = ("qwen2", "qwen3", "llama")  # causal LMs without a vision tower or processor
-FAMILIES = VISION_FAMILIES + TEXT_FAMILIES
+
+
+def _recipe_families() -> tuple[str, ...]:
+    """The families whose module (``easyr1/models/families/``) carries its own tiny recipe."""
+    from easyr1.models.families import FAMILIES as REGISTRY
+
+    return tuple(model_type for model_type, family in REGISTRY.items() if family.tiny is not None)
+
+
+# Families with their own tiny recipe (their tokens, chat template, config and processor come from their module).
+RECIPE_FAMILIES = _recipe_families()
+FAMILIES = VISION_FAMILIES + TEXT_FAMILIES + RECIPE_FAMILIES
 
 # Qwen's special tokens, in Qwen's order; they take the ids right after the BPE vocabulary, as in Qwen.
 SPECIAL_TOKENS = (
@@ -163,11 +176,14 @@ def _check_extra_words(extra_words: Sequence[str]) -> tuple[str, ...]:
     return tuple(extra_words)
 
 
-def build_tokenizer(extra_words: Sequence[str] = ()) -> Qwen2Tokenizer:
+def build_tokenizer(
+    extra_words: Sequence[str] = (), family_tokens: Sequence[str] = (), chat_template: str | None = None
+) -> Qwen2Tokenizer:
     """Train the tiny byte-level BPE tokenizer and wrap it as the Qwen2 tokenizer class transformers uses.
 
     ``extra_words`` become single tokens (with and without a leading space) besides the colour words; without them
-    the tokenizer is exactly the shape demo's.
+    the tokenizer is exactly the shape demo's. ``family_tokens``: special tokens of another family (its image
+    placeholders), given the ids after Qwen's; ``chat_template``: that family's template instead of Qwen's.
     """
     extra_words = _check_extra_words(extra_words)
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -198,18 +214,19 @@ def build_tokenizer(extra_words: Sequence[str] = ()) -> Qwen2Tokenizer:
     base_size = len(vocab)
     # Give the special tokens their ids in the vocabulary itself: the constructor registers eos/pad first, which
     # would otherwise put them out of Qwen's order.
-    full_vocab = {**vocab, **{token: base_size + i for i, token in enumerate(SPECIAL_TOKENS)}}
+    special = (*SPECIAL_TOKENS, *(token for token in family_tokens if token not in SPECIAL_TOKENS))
+    full_vocab = {**vocab, **{token: base_size + i for i, token in enumerate(special)}}
     qwen_tokenizer = Qwen2Tokenizer(
         vocab=full_vocab,
         merges=merges,
         unk_token=None,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        extra_special_tokens=[token for token in SPECIAL_TOKENS if token not in ("<|im_end|>", "<|endoftext|>")],
+        extra_special_tokens=[token for token in special if token not in ("<|im_end|>", "<|endoftext|>")],
         model_max_length=8192,
     )
-    qwen_tokenizer.add_tokens([AddedToken(token, special=True, normalized=False) for token in SPECIAL_TOKENS])
-    qwen_tokenizer.chat_template = CHAT_TEMPLATE
+    qwen_tokenizer.add_tokens([AddedToken(token, special=True, normalized=False) for token in special])
+    qwen_tokenizer.chat_template = chat_template or CHAT_TEMPLATE
     _check_tokenizer(qwen_tokenizer, base_size=base_size, words=COLOUR_WORDS + extra_words)
     return qwen_tokenizer
 
@@ -398,6 +415,13 @@ def _processor(family: str, tokenizer: Qwen2Tokenizer) -> ProcessorMixin:
     return processor_class(image_processor, tokenizer, video_processor, chat_template=CHAT_TEMPLATE)
 
 
+def _recipe(family: str) -> TinyRecipe | None:
+    """The family module's tiny recipe (``None`` for the families built here)."""
+    from easyr1.models.families import FAMILIES as REGISTRY
+
+    return REGISTRY[family].tiny if family in RECIPE_FAMILIES else None
+
+
 def build_tiny_model(
     out_dir: str | Path,
     family: str = "qwen2_5_vl",
@@ -439,21 +463,33 @@ def build_tiny_model(
         raise ValueError(f"unknown model family {family!r}; choose one of {', '.join(FAMILIES)}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(extra_words)
-    config = _model_config(family, tokenizer, shape)
+    recipe = _recipe(family)
+    processor = None
+    if recipe is None:
+        tokenizer = build_tokenizer(extra_words)
+        config = _model_config(family, tokenizer, shape)
+        causal = family in TEXT_FAMILIES
+        if family in VISION_FAMILIES:
+            processor = _processor(family, tokenizer)
+    else:
+        tokenizer = build_tokenizer(extra_words, recipe.special_tokens, recipe.chat_template)
+        config = recipe.config(tokenizer, shape)
+        causal = recipe.model_class == "causal"
+        if recipe.processor is not None:
+            processor = recipe.processor(tokenizer)
 
     # Seed a private generator state so building a model does not disturb the caller's random stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model_class = AutoModelForCausalLM if family in TEXT_FAMILIES else AutoModelForImageTextToText
+        model_class = AutoModelForCausalLM if causal else AutoModelForImageTextToText
         model = model_class.from_config(config, dtype=torch.float32)
     eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     stops = [eos_id, pad_id, *range(stop_tokens)]
     model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=stops, pad_token_id=pad_id)
     model.save_pretrained(out_dir, safe_serialization=True)
-    if family in VISION_FAMILIES:
-        _processor(family, tokenizer).save_pretrained(out_dir)
+    if processor is not None:
+        processor.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return out_dir
 

@@ -43,6 +43,7 @@ from easyr1.distributed.weight_push import PushStats, WeightPushGroup
 from easyr1.distributed.worker import Worker, device_type
 from easyr1.engines import EngineSetup, RolloutEngine, SamplingSettings, StopRule, build_engine, engine_traits
 from easyr1.logging.perf import device_peak_flops, memory_metrics, model_flops_utilization
+from easyr1.models.families import family_of
 from easyr1.models.loading import (
     DTYPES,
     build_empty_model,
@@ -132,11 +133,7 @@ class HybridWorker(Worker):
         optimizer = build_optimizer((param for param in model.parameters() if param.requires_grad), optim)
         # Vision placeholders must never be sampled (see actor.BANNED_TOKEN_BIAS).
         hf_config = model.config
-        self.banned_token_ids = [
-            token
-            for token in (getattr(hf_config, "image_token_id", None), getattr(hf_config, "video_token_id", None))
-            if token is not None
-        ]
+        self.banned_token_ids = family_of(hf_config).placeholder_token_ids(hf_config)
         self.actor = Actor(
             model,
             actor_config,
@@ -185,11 +182,7 @@ class HybridWorker(Worker):
         hf_config = load_model_config(
             model_config.model_path, model_config.trust_remote_code, model_config.override_config
         )
-        self.banned_token_ids = [
-            token
-            for token in (getattr(hf_config, "image_token_id", None), getattr(hf_config, "video_token_id", None))
-            if token is not None
-        ]
+        self.banned_token_ids = family_of(hf_config).placeholder_token_ids(hf_config)
         try:
             self.generation_config = transformers.GenerationConfig.from_pretrained(model_config.model_path)
         except OSError:  # no generation_config.json: the model's config gives it, as from_pretrained does

@@ -1,0 +1,120 @@
+"""What the trainer needs to know about a model family, in one record per ``model_type``.
+
+Code that differs between families reads it from the model's :class:`Family` (``family_of(config)``) instead of
+assuming Qwen-VL: where the vision tower lives (LoRA's default exclusion, the FSDP root unit, freezing), which
+tokens are vision placeholders (never sampled), the dummy image that keeps ranks in step, whether positions are
+m-rope, and how the processor's expanded prompt maps back to the engine's unexpanded one. A family module builds
+its records and, for the tiny random model of tests and demos, a :class:`TinyRecipe`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+
+if TYPE_CHECKING:  # torch is imported where a tensor is made: the config checks read families without it
+    import torch
+    from torch import nn
+
+
+# The module names under which the families here keep their vision (and audio) encoders and projectors.
+QWEN_VISION_MODULES = ("visual",)
+
+
+@dataclass(frozen=True)
+class TinyRecipe:
+    """How ``easyr1.tools.tiny_model`` builds a tiny random model of a family.
+
+    ``config(tokenizer, shape)`` returns the transformers config (token ids read from the tiny tokenizer, the
+    language model sized by ``shape``: ``tiny_model.TextShape``); ``processor(tokenizer)`` the processor (``None``:
+    text-only); ``special_tokens`` are added to the tiny tokenizer after Qwen's (each a single token);
+    ``chat_template`` replaces the Qwen one when the family renders images differently; ``model_class``: ``"vlm"``
+    (``AutoModelForImageTextToText``) or ``"causal"`` (``AutoModelForCausalLM``)."""
+
+    config: Callable[[Any, Any], Any]
+    processor: Callable[[Any], Any] | None = None
+    special_tokens: tuple[str, ...] = ()
+    chat_template: str | None = None
+    model_class: str = "vlm"
+
+
+def collapse_placeholder_runs(expanded_ids: Sequence[int], placeholder_id: int | None) -> list[int]:
+    """``expanded_ids`` with every run of ``placeholder_id`` collapsed to one: the Qwen-VL processors expand one
+    image placeholder into a run of them, and nothing else."""
+    return [
+        token
+        for position, token in enumerate(expanded_ids)
+        if not (token == placeholder_id and position > 0 and expanded_ids[position - 1] == placeholder_id)
+    ]
+
+
+def qwen_expansion_matches(expanded_ids: Sequence[int], raw_ids: Sequence[int], processor: Any, config: Any) -> bool:
+    """Whether the processor's ids are the raw ids with each image placeholder repeated (the Qwen-VL rule)."""
+    placeholder = getattr(processor, "image_token_id", None)
+    if placeholder is None:
+        placeholder = getattr(config, "image_token_id", None)
+    return collapse_placeholder_runs(list(expanded_ids), placeholder) == list(raw_ids)
+
+
+def qwen_dummy_image(model: nn.Module, device: torch.device | str) -> dict[str, torch.Tensor]:
+    """The smallest valid image for a Qwen-VL-style tower (flattened patches + a (1, 3) grid): the keyword
+    arguments of ``model.get_image_features``."""
+    import torch
+
+    vision = model.config.vision_config
+    merge = int(getattr(vision, "spatial_merge_size", 2))
+    patch = int(getattr(vision, "patch_size", 14))
+    temporal = int(getattr(vision, "temporal_patch_size", 2))
+    channels = int(getattr(vision, "in_channels", getattr(vision, "in_chans", 3)))
+    dtype = next(model.parameters()).dtype
+    pixels = torch.zeros(merge * merge, channels * temporal * patch * patch, dtype=dtype)
+    grid = torch.tensor([[1, merge, merge]], dtype=torch.long)
+    return {"pixel_values": pixels.to(device), "image_grid_thw": grid.to(device)}
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family (one ``model_type``) as the trainer sees it.
+
+    ``vision_modules``: names of the modules holding the vision (and audio) encoders and projectors; empty for a
+    text-only family. ``placeholder_attributes``: the config attributes whose token ids are vision placeholders
+    (banned from sampling: a sampled placeholder breaks the next forward). ``mrope``: positions are Qwen-VL m-rope
+    rows. ``dummy_image(model, device)``: ``get_image_features``' keyword arguments for the smallest image.
+    ``expansion_matches(expanded, raw, processor, config)``: whether the processor's expanded prompt ids
+    correspond to the engine's unexpanded ones."""
+
+    model_type: str
+    name: str
+    vision_modules: tuple[str, ...] = ()
+    placeholder_attributes: tuple[str, ...] = ("image_token_id", "video_token_id")
+    mrope: bool = False
+    dummy_image: Callable[[nn.Module, torch.device | str], dict[str, torch.Tensor]] | None = None
+    expansion_matches: Callable[[Sequence[int], Sequence[int], Any, Any], bool] = qwen_expansion_matches
+    tiny: TinyRecipe | None = field(default=None, compare=False)
+
+    @property
+    def has_vision(self) -> bool:
+        """Whether the family has a vision tower."""
+        return bool(self.vision_modules)
+
+    def is_vision_module(self, name: str) -> bool:
+        """Whether the dotted module or parameter ``name`` lies inside the vision (or audio) tower."""
+        return any(part in self.vision_modules for part in name.split("."))
+
+    def lora_exclude(self) -> str:
+        """The default ``lora.exclude_modules`` regex: every module inside the tower (none for text-only models:
+        a pattern that matches nothing)."""
+        if not self.vision_modules:
+            return r"(?!)"
+        return r".*\b(" + "|".join(self.vision_modules) + r")\b.*"
+
+    def placeholder_token_ids(self, config: Any) -> list[int]:
+        """The vision placeholder token ids of a transformers ``config`` of this family."""
+        ids = []
+        for attribute in self.placeholder_attributes:
+            value = getattr(config, attribute, None)
+            if value is not None and int(value) not in ids:
+                ids.append(int(value))
+        return ids
