@@ -21,8 +21,8 @@ __all__ = ["FAMILIES", "Family", "TinyRecipe", "family_of", "supported_families_
 
 _MODULES = (qwen,)
 FAMILIES: dict[str, Family] = {family.model_type: family for module in _MODULES for family in module.FAMILIES}
-# A config without a model_type (a hand-written look-alike in tests) is taken for a Qwen-VL model when it has a
-# vision config and an image token, else for a text-only one.
+# A config of no supported model_type (a look-alike in tests, a reward model) is taken for a Qwen-VL model when it
+# has a vision config and an image token, else for a text-only one.
 _QWEN_VL_LOOKALIKE = Family(
     model_type="",
     name="Qwen-VL look-alike",
@@ -39,11 +39,12 @@ def _read(config: Any, key: str) -> Any:
 
 def family_of(config: Any) -> Family:
     """The family of a transformers config (or ``config.json`` as a dict). A supported ``model_type`` gives its
-    record; a config without one is a look-alike judged by its attributes; an unsupported type is a ``KeyError``
-    (the config checks refuse it long before, see :func:`unsupported_model_problem`)."""
-    model_type = _read(config, "model_type")
-    if model_type:
-        return FAMILIES[model_type]
+    record. Any other config is judged by its attributes (a Qwen-VL-like record when it has a vision config and an
+    image token, else a text-only one): hand-written look-alikes in tests, and reward models, which may be of any
+    type; a policy of an unsupported type is refused long before (:func:`unsupported_model_problem`)."""
+    family = FAMILIES.get(_read(config, "model_type") or "")
+    if family is not None:
+        return family
     if _read(config, "vision_config") is not None and _read(config, "image_token_id") is not None:
         return _QWEN_VL_LOOKALIKE
     return _TEXT_LOOKALIKE
