@@ -241,3 +241,26 @@ def test_the_plan_counts_the_real_parameters(model_dir):
 
     size = measure_model(load_model_config(str(model_dir)))
     assert size.total == sum(param.numel() for param in _model(model_dir).parameters())
+
+
+def test_the_plan_sizes_linear_attention_by_its_state_not_a_kv_cache(model_dir):
+    from easyr1.models.loading import load_model_config
+    from easyr1.plan.flops import forward_flops
+    from easyr1.plan.model_size import measure_model
+
+    text = measure_model(load_model_config(str(model_dir))).text
+    model = _model(model_dir)
+    linear = [layer.linear_attn for layer in model.model.language_model.layers if hasattr(layer, "linear_attn")]
+    assert (text.linear_layers, text.attention_layers) == (len(linear), text.layers - len(linear)) == (1, 1)
+    # the recurrent state a cached forward keeps, plus the convolution's window of its input channels
+    cache = model(input_ids=torch.tensor([[1, 2, 3, 4, 5]]), use_cache=True).past_key_values
+    recurrent = cache.layers[0].recurrent_states[0]
+    conv_channels, _, kernel = linear[0].conv1d.weight.shape
+    assert text.linear_state == recurrent[0].numel() + (kernel - 1) * conv_channels
+    # attention grows with the square of the length on the full-attention layer only
+    q_width = text.heads * text.head_dim
+    short, long = (
+        forward_flops(0, text.attention_layers, q_width, length, 0.0, text.linear_layers, text.linear_flops_per_token)
+        for length in (100, 200)
+    )
+    assert long - 2 * short == pytest.approx(2.0 * q_width * (200**2 - 2 * 100**2))

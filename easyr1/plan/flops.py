@@ -2,10 +2,11 @@
 
 A forward pass over a sequence of L tokens costs ``2 N L`` (N: parameters in matmuls: the language model without
 its embedding lookup, the LM head included) plus causal attention ``2 layers q L^2`` (QK^T and AV over the lower
-triangle, q = heads x head_dim), plus the vision tower's ``2 N_vision`` per patch. Generation runs the same token
-count once (prefill + decode); each log-prob or value pass is one forward; an update is forward + backward (3x), one
-forward more with gradient checkpointing, per PPO epoch. Lengths are ``prompt_fill x max_prompt_length``
-and ``response_fill x max_response_length`` (both 1 unless told).
+triangle, q = heads x head_dim; a linear-attention layer costs a fixed amount per token instead), plus the vision
+tower's ``2 N_vision`` per patch. Generation runs the same token count once (prefill + decode); each log-prob or
+value pass is one forward; an update is forward + backward (3x), one forward more with gradient checkpointing, per
+PPO epoch. Lengths are ``prompt_fill x max_prompt_length`` and ``response_fill x max_response_length`` (both 1
+unless told).
 """
 
 from __future__ import annotations
@@ -28,9 +29,21 @@ class StepFlops:
         return self.generation + self.log_probs + self.updates
 
 
-def forward_flops(matmul_parameters: int, layers: int, q_width: int, length: float, vision_flops: float) -> float:
-    """One forward over one sequence of ``length`` tokens (``vision_flops``: its images through the tower)."""
-    return 2.0 * matmul_parameters * length + 2.0 * layers * q_width * length**2 + vision_flops
+def forward_flops(
+    matmul_parameters: int,
+    layers: int,
+    q_width: int,
+    length: float,
+    vision_flops: float,
+    linear_layers: int = 0,
+    linear_flops_per_token: int = 0,
+) -> float:
+    """One forward over one sequence of ``length`` tokens (``vision_flops``: its images through the tower).
+    ``layers`` attend over the sequence; ``linear_layers`` (linear attention) cost ``linear_flops_per_token`` each
+    token instead, whatever the length."""
+    attention = 2.0 * layers * q_width * length**2
+    recurrence = float(linear_layers * linear_flops_per_token) * length
+    return 2.0 * matmul_parameters * length + attention + recurrence + vision_flops
 
 
 def step_flops(

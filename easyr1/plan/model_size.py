@@ -16,12 +16,17 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, PretrainedConfig
 
 from easyr1.models.families import family_of
+from easyr1.models.linear_attention import LINEAR_LAYER_TYPE, layer_types
 from easyr1.models.loading import apply_config_overrides, is_vision_language
 
 
 @dataclass(frozen=True)
 class TextShape:
-    """The language model's sizes that activations, KV cache and attention FLOPs depend on."""
+    """The language model's sizes that activations, KV cache and attention FLOPs depend on.
+
+    ``linear_layers`` of the ``layers`` are linear-attention layers (Qwen3.5's GatedDeltaNet): no KV cache and no
+    attention over the sequence, but a fixed state per sequence of ``linear_state`` elements (the recurrent
+    ``value heads x key dim x value dim`` plus the short convolution's window) and ``linear_flops_per_token``."""
 
     layers: int
     hidden: int
@@ -30,6 +35,14 @@ class TextShape:
     kv_heads: int
     head_dim: int
     vocab: int
+    linear_layers: int = 0
+    linear_state: int = 0
+    linear_flops_per_token: int = 0
+
+    @property
+    def attention_layers(self) -> int:
+        """The layers that attend over the whole sequence (and keep a KV cache)."""
+        return self.layers - self.linear_layers
 
 
 @dataclass(frozen=True)
@@ -99,6 +112,15 @@ class ModelSize:
 def _text_shape(config: PretrainedConfig) -> TextShape:
     text = getattr(config, "text_config", None) or config
     heads = text.num_attention_heads
+    linear_layers = sum(kind == LINEAR_LAYER_TYPE for kind in layer_types(config))
+    linear_state = linear_flops = 0
+    if linear_layers:
+        value_heads, key_dim = text.linear_num_value_heads, text.linear_key_head_dim
+        value_dim = text.linear_value_head_dim
+        conv_channels = 2 * text.linear_num_key_heads * key_dim + value_heads * value_dim  # q, k and v convolved
+        linear_state = value_heads * key_dim * value_dim + (text.linear_conv_kernel_dim - 1) * conv_channels
+        # per token and value head: decay and delta update of the key x value state (4 k v), its read-out (2 k v)
+        linear_flops = 6 * value_heads * key_dim * value_dim
     return TextShape(
         layers=text.num_hidden_layers,
         hidden=text.hidden_size,
@@ -107,6 +129,9 @@ def _text_shape(config: PretrainedConfig) -> TextShape:
         kv_heads=getattr(text, "num_key_value_heads", None) or heads,
         head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
         vocab=text.vocab_size,
+        linear_layers=linear_layers,
+        linear_state=linear_state,
+        linear_flops_per_token=linear_flops,
     )
 
 

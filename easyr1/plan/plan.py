@@ -402,7 +402,15 @@ def _flops(
         patches = patches_per_image(size.vision_shape, data.max_pixels or 0, images, prompt)
         vision = 2.0 * size.vision * images * patches
     text = size.text
-    forward = forward_flops(size.matmul_language, text.layers, text.heads * text.head_dim, length, vision)
+    forward = forward_flops(
+        size.matmul_language,
+        text.attention_layers,
+        text.heads * text.head_dim,
+        length,
+        vision,
+        text.linear_layers,
+        text.linear_flops_per_token,
+    )
     samples = data.rollout_batch_size * worker.rollout.n
     old_pass = not reuses_update_log_probs(config, samples, world, config.trainer.critic_warmup + 1)
     return step_flops(

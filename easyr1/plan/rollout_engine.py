@@ -71,12 +71,14 @@ def plan_engine(config: Any, size: ModelSize, dtype: torch.dtype, device_kind: s
     element = dtype_bytes(dtype)
     length = rollout.max_model_len or data.max_prompt_length + data.max_response_length
     kv_heads = max(text.kv_heads // tp, 1)  # fewer KV heads than TP ranks: vLLM replicates them
-    per_sequence = text.layers * 2 * kv_heads * text.head_dim * element * length
+    # linear-attention layers keep a fixed state per sequence instead of a cache growing with its length
+    linear_state = text.linear_layers * text.linear_state * element
+    per_sequence = text.attention_layers * 2 * kv_heads * text.head_dim * element * length + linear_state
     rows = -(-prompts * rollout.n // world) * tp
     if rollout.name == "hf":
         # an unsharded copy per worker, and a cache for its own rows only (no tensor parallelism)
         own_rows = -(-prompts * rollout.n // world)
-        full_sequence = text.layers * 2 * text.kv_heads * text.head_dim * element * length
+        full_sequence = text.attention_layers * 2 * text.kv_heads * text.head_dim * element * length + linear_state
         return EnginePlan(dtype, size.total * element, own_rows * full_sequence, 0, full_sequence, own_rows, False)
     weights = size.total * element // tp
     if device_kind == "cuda":
