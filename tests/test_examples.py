@@ -11,7 +11,9 @@ from helpers import REPO
 from easyr1.config import load_config
 
 
-SCRIPTS = sorted((REPO / "examples").glob("qwen2_5_vl_7b_geo3k_*.sh"))
+ALGORITHM_SCRIPTS = sorted((REPO / "examples").glob("qwen2_5_vl_7b_geo3k_*.sh"))
+# every recipe: one per algorithm on Qwen2.5-VL-7B, one per other model family
+SCRIPTS = sorted((REPO / "examples").glob("*.sh"))
 
 
 def script_overrides(path) -> list[str]:
@@ -23,7 +25,7 @@ def script_overrides(path) -> list[str]:
 
 
 def test_there_is_a_script_per_algorithm():
-    names = {path.stem.removeprefix("qwen2_5_vl_7b_geo3k_") for path in SCRIPTS}
+    names = {path.stem.removeprefix("qwen2_5_vl_7b_geo3k_") for path in ALGORITHM_SCRIPTS}
     assert {"grpo", "dapo", "gspo", "cispo", "sapo", "reinforce", "rloo", "remax", "ppo"} <= names
 
 
