@@ -140,6 +140,11 @@ def test_algorithm_runs_three_steps(name, tiny_qwen2_5_vl_dir, tiny_dataset_dir,
     if name == "dapo_mini_rounds":  # rounds of 2 prompts: at least 4 rounds to fill 8 prompts' worth of groups
         assert all(record["filter/rounds"] >= 4 for record in records)
         assert all(record["batch/samples"] == PROMPTS * 4 for record in records)
+    if name in ("dapo_mini_rounds", "remax"):
+        # several generation rounds a step (refills; ReMax's greedy round), one actor update a step: the engines
+        # sleep once a step, after the last round (on GPU a sleep discards the weights: one sync per wake), and take
+        # the weights once a step (the first: the checkpoint's, then after each update)
+        assert [(record["perf/engine_sleeps"], record["perf/weight_syncs"]) for record in records] == [(1, 1)] * 3
     if name == "grpo_mini_rounds":  # two rounds of 4 prompts make one step of 8
         assert all(record["batch/samples"] == PROMPTS * 4 for record in records)
 

@@ -24,6 +24,11 @@ def test_validation_before_and_during_training(validated_run):
     assert [record["step"] for record in records] == [0, 1, 2, 3]
     validated = [record["step"] for record in records if "val/reward_score" in record]
     assert validated == [0, 2, 3]  # before training, every 2 steps, and after the last step
+    # three validation rounds, one engine sleep after the last; the weights synced once per actor update (and once
+    # at first), whichever generation comes first after it
+    assert all(record["val/engine_sleeps"] == 1 for record in records if "val/reward_score" in record)
+    syncs = sum(record.get("perf/weight_syncs", 0) + record.get("val/weight_syncs", 0) for record in records)
+    assert syncs == 1 + 3
     for record in records:
         if "val/reward_score" in record:
             assert {"val/format", "val/accuracy", "val/response_length/mean"} <= set(record)

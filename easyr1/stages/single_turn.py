@@ -85,6 +85,10 @@ class SingleTurnStage:
         self.engine_reads_images = engine_traits(config.worker.rollout.name).reads_images
         # the next sample's id: the key of its tensors in the workers' per-step cache, never reused
         self.samples_generated = 0
+        # generation rounds that another round follows in the same phase keep the engines awake (see collect)
+        self.stay_awake = False
+        self.weight_syncs = 0  # the engines' weight syncs and sleeps so far (perf/ and val/ metrics)
+        self.engine_sleeps = 0
         # worker.reward_model: scored after generation, before the reward function (on these workers, unless the
         # run gives it workers of its own)
         if reward_model is None and config.worker.reward_model.enabled:
@@ -92,20 +96,50 @@ class SingleTurnStage:
         self.reward_model = reward_model
 
     def collect(self, prompts: Batch, step: int) -> ScoredSamples:
-        """``n`` samples per prompt, scored; with online filtering, refilled to informative groups only."""
+        """``n`` samples per prompt, scored; with online filtering, refilled to informative groups only.
+
+        The engines sleep once, after the step's last generation round: between DAPO's refill rounds and ReMax's
+        greedy round the actor does not change, and an engine that slept on GPU (level 2) would need the full
+        weights again. ``perf/weight_syncs`` and ``perf/engine_sleeps`` count what the rounds cost."""
         metrics: dict[str, float] = {}
         timings: dict[str, float] = {}
-        with timed(timings, "gen"):
-            batch = self.generate(prompts, step, round_index=0)
-        # the reward is computed by the scorer while the workers go on; DAPO needs it at once
-        rewards = self.score(batch)
-        if self.config.algorithm.online_filtering:
-            with timed(timings, "filter"):
-                batch, rewards = self._fill_with_informative_groups(batch, rewards, step, metrics)
-        if self.needs.greedy_baseline:
-            with timed(timings, "gen_baseline"):
-                batch["reward_baselines"] = self._greedy_baseline_scores(batch, step)
+        counts = self._engine_counts()
+        self.stay_awake = self._rounds_follow()
+        try:
+            with timed(timings, "gen"):
+                batch = self.generate(prompts, step, round_index=0)
+            # the reward is computed by the scorer while the workers go on; DAPO needs it at once
+            rewards = self.score(batch)
+            if self.config.algorithm.online_filtering:
+                with timed(timings, "filter"):
+                    batch, rewards = self._fill_with_informative_groups(batch, rewards, step, metrics)
+            if self.needs.greedy_baseline:
+                with timed(timings, "gen_baseline"):
+                    batch["reward_baselines"] = self._greedy_baseline_scores(batch, step)
+        finally:
+            self._end_rounds()
+        metrics.update(self._engine_counts(since=counts, prefix="perf/"))
         return ScoredSamples(batch, rewards, metrics, timings)
+
+    def _rounds_follow(self) -> bool:
+        """Whether the step may generate more than once (DAPO refills, ReMax's greedy round), so the engines stay
+        awake between rounds. Not with a colocated reward model: it scores between the rounds on the same devices."""
+        more = self.config.algorithm.online_filtering or self.needs.greedy_baseline
+        return bool(more) and not self.config.worker.reward_model.colocated
+
+    def _end_rounds(self) -> None:
+        """Put the engines to sleep after rounds generated awake."""
+        if self.stay_awake:
+            self.stay_awake = False
+            self.workers.run_all(HybridWorker.sleep_engine)
+            self.engine_sleeps += 1
+
+    def _engine_counts(self, since: dict[str, int] | None = None, prefix: str = "") -> dict[str, int]:
+        """The weight syncs and engine sleeps so far (``since``: minus an earlier reading)."""
+        counts = {"weight_syncs": self.weight_syncs, "engine_sleeps": self.engine_sleeps}
+        if since is not None:
+            counts = {key: value - since[key] for key, value in counts.items()}
+        return {prefix + key: value for key, value in counts.items()}
 
     def score(self, batch: Batch) -> PendingRewards:
         """Send the samples' reward inputs to the reward scorer; the rewards may come later."""
@@ -147,7 +181,10 @@ class SingleTurnStage:
         if self.config.trainer.cache_sample_tensors and self.engine_reads_images and VISION in batch:
             held_back.append(VISION)
         kept = batch.pop(*held_back) if held_back else None
-        output = self.workers.run_split(HybridWorker.generate, batch, sampling, pad=True)
+        output = self.workers.run_split(HybridWorker.generate, batch, sampling, self.stay_awake, pad=True)
+        # every rank syncs and sleeps alike (collectives): rank 0's counts are the group's
+        self.weight_syncs += output.meta.get("weight_syncs", 0)
+        self.engine_sleeps += output.meta.get("engine_sleeps", 0)
         for key in held_back:
             output[key] = kept[key]
         return output
@@ -214,19 +251,26 @@ class SingleTurnStage:
         size = self.config.data.val_batch_size
         size = len(dataset) if size == -1 else size
         scores, sub_scores, lengths, shown, timed_out = [], defaultdict(list), [], [], []
-        for start in tqdm(range(0, len(dataset), size), desc="validate", leave=False, disable=None):
-            rows = range(start, min(start + size, len(dataset)))
-            prompts = collate_fn([dataset[i] for i in rows])
-            batch = self.generate(prompts, step, VALIDATION_ROUND + start, sampling, n=n)
-            rewards = self.score(batch).result()
-            scores.append(rewards.scores)
-            if rewards.timed_out is not None:
-                timed_out += rewards.timed_out
-            for key, values in rewards.sub_scores.items():
-                sub_scores[key] += list(values)
-            lengths.append(batch["response_mask"].sum(dim=-1).float())
-            keep = self.config.trainer.val_generations_to_log - len(shown)
-            shown += self._generation_records(batch, rewards.scores)[: max(keep, 0)]
+        counts = self._engine_counts()
+        starts = range(0, len(dataset), size)
+        # the rounds generate awake, the engines sleep once after the last (the actor does not change meanwhile)
+        self.stay_awake = len(starts) > 1 and not self.config.worker.reward_model.colocated
+        try:
+            for start in tqdm(starts, desc="validate", leave=False, disable=None):
+                rows = range(start, min(start + size, len(dataset)))
+                prompts = collate_fn([dataset[i] for i in rows])
+                batch = self.generate(prompts, step, VALIDATION_ROUND + start, sampling, n=n)
+                rewards = self.score(batch).result()
+                scores.append(rewards.scores)
+                if rewards.timed_out is not None:
+                    timed_out += rewards.timed_out
+                for key, values in rewards.sub_scores.items():
+                    sub_scores[key] += list(values)
+                lengths.append(batch["response_mask"].sum(dim=-1).float())
+                keep = self.config.trainer.val_generations_to_log - len(shown)
+                shown += self._generation_records(batch, rewards.scores)[: max(keep, 0)]
+        finally:
+            self._end_rounds()
         all_scores, all_lengths = torch.cat(scores), torch.cat(lengths)
         metrics = {
             "val/reward_score": all_scores.mean().item(),
@@ -238,6 +282,7 @@ class SingleTurnStage:
                 metrics[f"val/{key}"] = float(np.mean(values))
         if timed_out:  # worker.reward.timeout_score set: samples scored with it, not by the reward function
             metrics["val/reward_timeouts"] = float(sum(timed_out))
+        metrics.update(self._engine_counts(since=counts, prefix="val/"))
         return Validation(metrics, shown)
 
     def _generation_records(self, batch: Batch, scores: torch.Tensor) -> list[dict[str, Any]]:

@@ -384,7 +384,8 @@ class HybridWorker(Worker):
         stop = None if stop_groups is None else StopRule(stop_groups * self.tensor_parallel.size)
         output = self.engine.generate(rows, SamplingSettings(**sampling), rows["sample_seed"].tolist(), stop)
         generate_seconds = time.perf_counter() - start
-        if not stay_awake and self.role != GENERATOR:  # a generator's engine stays awake: nothing else uses its device
+        slept = not stay_awake and self.role != GENERATOR  # a generator's engine stays awake: nothing else uses it
+        if slept:
             self.engine.sleep()
         output = output.index(own_rows)
         # this rank's own objects, not the copies the tensor-parallel pooling made: the driver recognises unchanged
@@ -392,7 +393,12 @@ class HybridWorker(Worker):
         for name, values in prompts.non_tensors.items():
             if name in output.non_tensors:
                 output[name] = values
-        output.meta.update(sync_seconds=sync_seconds, generate_seconds=generate_seconds)
+        output.meta.update(
+            sync_seconds=sync_seconds,
+            generate_seconds=generate_seconds,
+            weight_syncs=int(needs_sync),
+            engine_sleeps=int(slept),
+        )
         return output
 
     def score_with_reward_model(self, batch: Batch) -> Batch:
