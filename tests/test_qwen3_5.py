@@ -207,9 +207,9 @@ def test_an_unsupported_model_type_is_refused_before_any_weights_load():
 
     config = load_config(SMALL)
     with pytest.raises(ConfigError) as info:
-        check_against_model(config, {"model_type": "gemma3", "text_config": {"max_position_embeddings": 8}})
+        check_against_model(config, {"model_type": "llava", "text_config": {"max_position_embeddings": 8}})
     message = str(info.value)
-    assert "model_type='gemma3'" in message and "not support" in message
+    assert "model_type='llava'" in message and "not support" in message
     assert "qwen3_5 (Qwen3.5, dense)" in message and "qwen2_5_vl (Qwen2.5-VL)" in message
     assert "max_position_embeddings" not in message  # one problem: the model type
     check_against_model(config, {"model_type": "qwen3_5", "text_config": {"max_position_embeddings": 8192}})

@@ -22,6 +22,7 @@ from easyr1.checkpoint.dcp_metadata import check_dcp_metadata
 from easyr1.checkpoint.manager import PARTIAL_SUFFIX, fsync_tree
 from easyr1.checkpoint.sharded import HF_DIR, MODEL_DIR
 from easyr1.errors import UserError
+from easyr1.models.families import family_of
 from easyr1.models.loading import is_vision_language
 from easyr1.models.lora import lora_scaling, merged_weights
 
@@ -140,6 +141,7 @@ def merge_to_huggingface(component_dir: str | os.PathLike, target_dir: str | os.
     saved_generation = staging / "generation_config.json"
     generation_config = saved_generation.read_bytes() if saved_generation.exists() else None
     model.save_pretrained(staging, safe_serialization=True)
+    family_of(config).rename_saved_weights(staging)  # the names the family's real checkpoints (and vLLM) use
     if generation_config is not None:  # the run's generation config, not one derived from the model config
         saved_generation.write_bytes(generation_config)
     fsync_tree(staging)

@@ -391,7 +391,11 @@ class RLDataset(torch.utils.data.Dataset):
             for value in images
         ]
         video_shapes = [video_shape(value, base_dir, where, self.video_limits, self.video_bounds) for value in videos]
-        return expanded_length(self.tokenizer, self.processor, chat, image_sizes, video_shapes, self.bounds, where)
+        family = family_of(self.model_config)
+        image_text = family.image_text(self.processor) if family.image_text is not None and images else None
+        return expanded_length(
+            self.tokenizer, self.processor, chat, image_sizes, video_shapes, self.bounds, where, image_text
+        )
 
     # ------------------------------------------------------------------ building one item
 
@@ -441,7 +445,9 @@ class RLDataset(torch.utils.data.Dataset):
             **kwargs,
         )
         input_ids = outputs["input_ids"][0]
-        dropped = ("input_ids", "attention_mask", "mm_token_type_ids")
+        # per-token outputs, not vision inputs: token types (Gemma 3's token_type_ids) are computed from the ids by
+        # the forward that needs them (Family.token_types), whatever layout (padded, packed) the ids then have
+        dropped = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
         inputs = {key: value for key, value in outputs.items() if key not in dropped}
         data: dict[str, Any] = {}
         if images:

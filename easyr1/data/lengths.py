@@ -86,17 +86,25 @@ def expanded_length(
     video_shapes: Sequence[VideoShape],
     bounds: VisionBounds | None,
     where: str,
+    image_text: str | None = None,
 ) -> PromptLength:
     """Length of ``chat`` after the processor expands its vision placeholders.
 
     ``image_sizes`` are the (height, width) the images are resized to, ``video_shapes`` each video as handed to
-    the processor (frames, height, width, and the frame rate recorded in its metadata).
-    Raises RowError when the placeholders in ``chat`` do not match the row's images and videos.
+    the processor (frames, height, width, and the frame rate recorded in its metadata). ``image_text``: what the
+    processor writes in place of every image placeholder, when that does not depend on the image's size (the
+    family's ``image_text``); the prompt is then tokenized with it, since its tokens may merge with their
+    neighbours (Gemma 3's newlines). Raises RowError when the placeholders in ``chat`` do not match the row's images
+    and videos.
     """
     ids = tokenizer.encode(chat, add_special_tokens=False)
     if processor is None:
         return PromptLength(len(ids), 0)
     _check_placeholders(ids, processor, len(image_sizes), len(video_shapes), where)
+    if image_text is not None and image_sizes and not video_shapes:
+        expanded = tokenizer.encode(chat.replace(processor.image_token, image_text), add_special_tokens=False)
+        per_image = len(tokenizer.encode(image_text, add_special_tokens=False))
+        return PromptLength(len(expanded), per_image * len(image_sizes))
     total, vision = len(ids), 0
     if video_shapes:
         # Video placeholders may expand to text (timestamps), so the expanded prompt is tokenized again.

@@ -64,7 +64,9 @@ def vision_bounds(processor: Any, min_pixels: int | None = None, max_pixels: int
     overlap, naming the value to change.
     """
     image_processor = getattr(processor, "image_processor", processor)
-    factor = int(image_processor.patch_size) * int(image_processor.merge_size)
+    patch, merge = getattr(image_processor, "patch_size", None), getattr(image_processor, "merge_size", None)
+    # A processor without patch merging resizes every image to one fixed size (Gemma 3): any size may go in.
+    factor = int(patch) * int(merge) if patch is not None and merge is not None else 1
     size = getattr(image_processor, "size", None) or {}
     proc_min = int(size.get("shortest_edge") or getattr(image_processor, "min_pixels", None) or factor * factor)
     proc_max = int(size.get("longest_edge") or getattr(image_processor, "max_pixels", None) or 1 << 62)

@@ -17,6 +17,7 @@ from tqdm import tqdm
 from easyr1.algorithms.logits import BANNED_TOKEN_BIAS
 from easyr1.engines.base import SamplingSettings, StopRule, is_active, pack_continued, partial_of, stop_position
 from easyr1.engines.registry import EngineSetup, EngineTraits, register_engine
+from easyr1.models.families import family_of
 from easyr1.protocol import Batch, merge_vision_inputs
 
 
@@ -95,6 +96,8 @@ class HFEngine:
             input_ids = torch.cat([input_ids, torch.tensor([partial_ids], dtype=input_ids.dtype)], dim=-1)
         input_ids = input_ids.to(self.device)
         vision = merge_vision_inputs(prompt["multi_modal_inputs"]) if "multi_modal_inputs" in prompt else {}
+        # the prompt's token types (Gemma 3's bidirectional image blocks), as the trainer's forward computes them
+        vision.update(family_of(self.model.config).token_type_inputs(input_ids, self.model.config))
         generator_state = torch.random.get_rng_state()
         torch.manual_seed(seed)
         try:

@@ -179,6 +179,11 @@ class VLLMEngine:
             os.environ[vllm_shm.TAG_VARIABLE] = self.shm_tag
             extra["worker_cls"] = "easyr1.engines.vllm_cpu_shm_worker.TaggedShmCPUWorker"
         self.dtype = dtype
+        from easyr1.models.families import family_of
+        from easyr1.models.loading import load_model_config
+
+        # the weights it loads are named as the family's checkpoints name them (Family.checkpoint_name)
+        self.family = family_of(load_model_config(model_path, trust_remote_code, override_config))
         self.llm = LLM(
             model=model_path,
             tokenizer=tokenizer_path,
@@ -379,7 +384,8 @@ class VLLMEngine:
         faults, or is overwritten by the stale backup when it wakes.
         """
         cast = (
-            (name, tensor.to(self.dtype) if tensor.is_floating_point() else tensor) for name, tensor in named_tensors
+            (name, tensor.to(self.dtype) if tensor.is_floating_point() else tensor)
+            for name, tensor in self.family.engine_weights(named_tensors)
         )
         if self.reload_reason is None:
             self.llm.collective_rpc(vllm_cpu_weight_sync.load, args=(cast,))

@@ -177,13 +177,20 @@ def _check_extra_words(extra_words: Sequence[str]) -> tuple[str, ...]:
 
 
 def build_tokenizer(
-    extra_words: Sequence[str] = (), family_tokens: Sequence[str] = (), chat_template: str | None = None
+    extra_words: Sequence[str] = (),
+    family_tokens: Sequence[str] = (),
+    chat_template: str | None = None,
+    named_tokens: Sequence[tuple[str, str]] = (),
+    literal_tokens: Sequence[str] = (),
 ) -> Qwen2Tokenizer:
     """Train the tiny byte-level BPE tokenizer and wrap it as the Qwen2 tokenizer class transformers uses.
 
     ``extra_words`` become single tokens (with and without a leading space) besides the colour words; without them
     the tokenizer is exactly the shape demo's. ``family_tokens``: special tokens of another family (its image
-    placeholders), given the ids after Qwen's; ``chat_template``: that family's template instead of Qwen's.
+    placeholders), given the ids after Qwen's; ``chat_template``: that family's template instead of Qwen's;
+    ``named_tokens``: ``(attribute, token)`` pairs, the tokenizer's names for some of ``family_tokens``
+    (``tokenizer.boi_token``); ``literal_tokens``: ordinary tokens added whole after the special ones (``"\\n\\n"``
+    as one token whose vocabulary entry is the string itself, as in Gemma's vocabulary).
     """
     extra_words = _check_extra_words(extra_words)
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -223,9 +230,11 @@ def build_tokenizer(
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         extra_special_tokens=[token for token in special if token not in ("<|im_end|>", "<|endoftext|>")],
+        model_specific_special_tokens=dict(named_tokens),
         model_max_length=8192,
     )
     qwen_tokenizer.add_tokens([AddedToken(token, special=True, normalized=False) for token in special])
+    qwen_tokenizer.add_tokens([AddedToken(token, special=False, normalized=False) for token in literal_tokens])
     qwen_tokenizer.chat_template = chat_template or CHAT_TEMPLATE
     _check_tokenizer(qwen_tokenizer, base_size=base_size, words=COLOUR_WORDS + extra_words)
     return qwen_tokenizer
@@ -459,6 +468,8 @@ def build_tiny_model(
     )
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, GenerationConfig
 
+    from easyr1.models.families import family_of
+
     if family not in FAMILIES:
         raise ValueError(f"unknown model family {family!r}; choose one of {', '.join(FAMILIES)}")
     out_dir = Path(out_dir)
@@ -472,7 +483,9 @@ def build_tiny_model(
         if family in VISION_FAMILIES:
             processor = _processor(family, tokenizer)
     else:
-        tokenizer = build_tokenizer(extra_words, recipe.special_tokens, recipe.chat_template)
+        tokenizer = build_tokenizer(
+            extra_words, recipe.special_tokens, recipe.chat_template, recipe.named_tokens, recipe.literal_tokens
+        )
         config = recipe.config(tokenizer, shape)
         causal = recipe.model_class == "causal"
         if recipe.processor is not None:
@@ -488,6 +501,7 @@ def build_tiny_model(
     stops = [eos_id, pad_id, *range(stop_tokens)]
     model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=stops, pad_token_id=pad_id)
     model.save_pretrained(out_dir, safe_serialization=True)
+    family_of(config).rename_saved_weights(out_dir)  # the names the family's real checkpoints (and vLLM) use
     if processor is not None:
         processor.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)

@@ -28,6 +28,7 @@ from easyr1.algorithms import (
 )
 from easyr1.algorithms.logits import banned_token_bias, compile_allowed
 from easyr1.algorithms.rollout_correction import TOKEN_MEAN_METRICS, CorrectionSettings, rollout_correction
+from easyr1.models.families import family_of, forward_token_types
 from easyr1.models.linear_attention import has_linear_attention
 from easyr1.models.vision_tower import vision_keepalive
 from easyr1.protocol import Batch, merge_vision_inputs
@@ -46,17 +47,20 @@ from easyr1.workers.ppo_update import MicroLoss, PPOUpdate
 logger = logging.getLogger(__name__)
 
 
-def forward_inputs(micro_batch: Batch) -> dict[str, torch.Tensor]:
-    """Model inputs of a micro-batch: ids, mask, explicit position ids and the merged vision inputs."""
+def forward_inputs(micro_batch: Batch, config: Any = None) -> dict[str, torch.Tensor]:
+    """Model inputs of a micro-batch: ids, mask, explicit position ids and the merged vision inputs; with the
+    model's ``config``, also the token types its family computes from the ids (Gemma 3's ``token_type_ids``)."""
     position_ids = micro_batch["position_ids"]
     if position_ids.dim() == 3:  # (B, 4, L) -> (4, B, L): text positions, then the three m-rope rows
         position_ids = position_ids.transpose(0, 1).contiguous()
     vision = merge_vision_inputs(micro_batch["multi_modal_inputs"]) if "multi_modal_inputs" in micro_batch else {}
+    token_types = {} if config is None else family_of(config).token_type_inputs(micro_batch["input_ids"], config)
     return {
         "input_ids": micro_batch["input_ids"],
         "attention_mask": micro_batch["attention_mask"],
         "position_ids": position_ids,
         **vision,
+        **token_types,
     }
 
 
@@ -66,12 +70,24 @@ def shares_prompts(model: nn.Module, requested: bool) -> bool:
 
     Flash attention takes no dense mask, so there the forward falls back to padding-free packing (one notice).
     A linear-attention layer (Qwen3.5's GatedDeltaNet) reads no mask at all: a shared prompt's recurrent state
-    would flow from one response into the next, so each sample runs with its own prompt (one notice).
+    would flow from one response into the next, so each sample runs with its own prompt (one notice). A family whose
+    masks come from token types (Gemma 3's bidirectional image blocks, and its sliding windows) would lose them to
+    the shared-prompt mask, so it runs padding-free instead (one notice).
     """
-    global _FLASH_NOTICE_GIVEN, _LINEAR_NOTICE_GIVEN
+    global _FLASH_NOTICE_GIVEN, _LINEAR_NOTICE_GIVEN, _TOKEN_TYPES_NOTICE_GIVEN
     if not requested:
         return False
     config = getattr(model, "config", None)
+    if config is not None and family_of(config).token_types is not None:
+        if not _TOKEN_TYPES_NOTICE_GIVEN:
+            logger.warning(
+                "worker.actor.share_prompt=true is off for this model (%s): it builds its attention masks itself "
+                "(image blocks attending bidirectionally, sliding windows), which a shared-prompt mask would "
+                "replace, so each sample's prompt runs again (padding-free packing)",
+                getattr(config, "model_type", "unknown model type"),
+            )
+            _TOKEN_TYPES_NOTICE_GIVEN = True
+        return False
     if has_linear_attention(config):
         if not _LINEAR_NOTICE_GIVEN:
             logger.warning(
@@ -96,6 +112,7 @@ def shares_prompts(model: nn.Module, requested: bool) -> bool:
 
 _FLASH_NOTICE_GIVEN = False
 _LINEAR_NOTICE_GIVEN = False
+_TOKEN_TYPES_NOTICE_GIVEN = False
 
 
 def response_log_probs(
@@ -133,7 +150,8 @@ def response_log_probs(
         logits = packed_response_logits(model, ids, mask, positions, response_length, vision)
     else:
         # the logits that predict the response tokens (and one extra, dropped)
-        logits = model(**inputs, use_cache=False, logits_to_keep=response_length + 1).logits[:, :-1]
+        token_types = forward_token_types(model, ids)
+        logits = model(**inputs, **token_types, use_cache=False, logits_to_keep=response_length + 1).logits[:, :-1]
     logits = _scored_logits(logits, temperature, banned_token_ids or [], keepalive)
     log_probs = log_probs_from_logits(logits, responses, compiled=compiled)
     entropy = None

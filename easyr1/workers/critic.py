@@ -44,7 +44,7 @@ class ValueModel(nn.Module):
 def response_values(model: ValueModel, micro_batch: Batch) -> torch.Tensor:
     """(B, R) values of the states that precede each response token."""
     response_length = micro_batch["responses"].shape[-1]
-    inputs = forward_inputs(micro_batch)
+    inputs = forward_inputs(micro_batch, getattr(model.backbone, "config", None))
     # before the forward: see models/vision_tower.py; on the inputs' device, which FSDP CPU offload does not share
     keepalive = vision_keepalive(model, model.backbone, inputs, device=micro_batch["responses"].device)
     values = model(**inputs)[:, -response_length - 1 : -1].float()

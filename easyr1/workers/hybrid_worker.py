@@ -15,6 +15,7 @@ send their weights to the generators after each update (:meth:`push_weights` / :
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -43,7 +44,7 @@ from easyr1.distributed.weight_push import PushStats, WeightPushGroup
 from easyr1.distributed.worker import Worker, device_type
 from easyr1.engines import EngineSetup, RolloutEngine, SamplingSettings, StopRule, build_engine, engine_traits
 from easyr1.logging.perf import device_peak_flops, memory_metrics, model_flops_utilization
-from easyr1.models.families import family_of
+from easyr1.models.families import family_of, mark_causal_image_blocks
 from easyr1.models.loading import (
     DTYPES,
     build_empty_model,
@@ -61,6 +62,9 @@ from easyr1.seeding import seed_everything
 from easyr1.workers.actor import Actor
 from easyr1.workers.critic import Critic, ValueModel
 from easyr1.workers.optim import build_lr_scheduler, build_optimizer
+
+
+logger = logging.getLogger(__name__)
 
 
 # What a worker holds: everything (colocated), the models that train, or the engine alone (async_training.placement).
@@ -164,6 +168,18 @@ class HybridWorker(Worker):
             self.ref = Actor(ref_model, actor_config, banned_token_ids=self.banned_token_ids, device=self.device)
             self.ref_residency = Residency.from_config(ref_model, None, self.device, ref_config.offload)
 
+        if family_of(hf_config).token_types is not None and self._engine_runs_image_blocks_causally():
+            # the trainer scores what the engine sampled: image blocks causal in both (log-prob gaps of 1e-3 on
+            # the tiny Gemma 3 otherwise, measured); vLLM on GPU attends within them as transformers does
+            if self.rank == 0:
+                logger.warning(
+                    "%s: vLLM-CPU runs image blocks causally where the model attends within them bidirectionally; "
+                    "the trainer runs them as the engine does (worker.rollout.name=hf keeps them bidirectional)",
+                    family_of(hf_config).name,
+                )
+            mark_causal_image_blocks(model)
+            if self.ref is not None:
+                mark_causal_image_blocks(self.ref.model)
         if estimator_needs(config.algorithm.adv_estimator).critic:
             self.critic = self._build_critic(mesh)
         for residency in (self.actor_residency, self.ref_residency, self.critic_residency):
@@ -321,6 +337,12 @@ class HybridWorker(Worker):
                 if lora:  # the engine gets plain weights with the adapters folded in
                     named_parameters = merged_weights(named_parameters, self.lora_scaling, self.precision.compute)
                 yield named_parameters
+
+    def _engine_runs_image_blocks_causally(self) -> bool:
+        """Whether the rollout engine attends causally within image blocks: vLLM-CPU 0.32, whose attention backend
+        (CPU_ATTN) has no multi-modal-prefix support. Read from the config, so that trainer ranks of a split
+        placement, which hold no engine, agree with the generators'."""
+        return self.config.worker.rollout.name == "vllm" and self.device == "cpu"
 
     # ------------------------------------------------------------------------------------ split placement
     def init_weight_push(self, size: int, master_addr: str, master_port: int) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from easyr1.models import linear_attention
+from easyr1.models.families import family_of, forward_token_types
 from easyr1.workers import block_attention
 
 
@@ -253,8 +254,14 @@ def packed_response_logits(
     packed = pack(input_ids, attention_mask, position_ids, response_length)
     batch_size = input_ids.shape[0]
     segment_linear_attention(model)  # recurrent layers see the restarts too, not only attention (its docstring)
+    # token types of the packed ids (Gemma 3: image blocks attend bidirectionally); response tokens get none
+    token_types = forward_token_types(model, packed.input_ids)
     mask = None  # the per-sample position restarts define the mask (flash attention: variable-length sequences)
-    if getattr(model.config, "_attn_implementation", "sdpa") == "sdpa":
+    # A family that builds its masks itself (image blocks, sliding windows) gets none of ours, even with its image
+    # blocks run causally: an explicit mask would replace them. It derives the same per-sample blocks from the
+    # restarting positions.
+    builds_own_masks = family_of(model.config).token_types is not None
+    if not builds_own_masks and getattr(model.config, "_attn_implementation", "sdpa") == "sdpa":
         # the same mask, made here so that SDPA attends within each sample only (block_attention.py)
         block_attention.install()
         mask = block_attention.causal_block_mask(attention_mask.sum(dim=-1).tolist(), input_ids.device)
@@ -265,6 +272,7 @@ def packed_response_logits(
         use_cache=False,  # with a cache the model ignores the restarts and attends across samples
         logits_to_keep=packed.response_index.reshape(-1),
         **vision_inputs,
+        **token_types,
     )
     return output.logits.reshape(batch_size, response_length, -1)
 

@@ -13,13 +13,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from easyr1.models.families import qwen
+from easyr1.models.families import gemma, qwen
 from easyr1.models.families.base import QWEN_VISION_MODULES, Family, TinyRecipe, qwen_dummy_image
 
 
-__all__ = ["FAMILIES", "Family", "TinyRecipe", "family_of", "supported_families_text", "unsupported_model_problem"]
+__all__ = [
+    "FAMILIES",
+    "Family",
+    "TinyRecipe",
+    "family_of",
+    "forward_token_types",
+    "mark_causal_image_blocks",
+    "supported_families_text",
+    "unsupported_model_problem",
+]
 
-_MODULES = (qwen,)
+_MODULES = (qwen, gemma)
 FAMILIES: dict[str, Family] = {family.model_type: family for module in _MODULES for family in module.FAMILIES}
 # A config of no supported model_type (a look-alike in tests, a reward model) is taken for a Qwen-VL model when it
 # has a vision config and an image token, else for a text-only one.
@@ -48,6 +57,26 @@ def family_of(config: Any) -> Family:
     if _read(config, "vision_config") is not None and _read(config, "image_token_id") is not None:
         return _QWEN_VL_LOOKALIKE
     return _TEXT_LOOKALIKE
+
+
+# Set on a model (the module the trainer's forward receives) whose image blocks must run causally, as the engine
+# runs them: see mark_causal_image_blocks.
+_CAUSAL_IMAGE_BLOCKS = "_easyr1_causal_image_blocks"
+
+
+def mark_causal_image_blocks(model: Any) -> None:
+    """Make the trainer's forwards of ``model`` compute no token types (:func:`forward_token_types`): its image
+    blocks then attend causally, as an engine without bidirectional image attention (vLLM-CPU) samples them."""
+    setattr(model, _CAUSAL_IMAGE_BLOCKS, True)
+
+
+def forward_token_types(model: Any, input_ids: Any) -> dict[str, Any]:
+    """The token types ``model``'s family computes from ``input_ids`` for its forward (Gemma 3's
+    ``token_type_ids``); ``{}`` for most families and for a model marked by :func:`mark_causal_image_blocks`."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(model, _CAUSAL_IMAGE_BLOCKS, False):
+        return {}
+    return family_of(config).token_type_inputs(input_ids, config)
 
 
 def supported_families_text() -> str:

@@ -9,15 +9,19 @@ its records and, for the tiny random model of tests and demos, a :class:`TinyRec
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 
 if TYPE_CHECKING:  # torch is imported where a tensor is made: the config checks read families without it
     import torch
     from torch import nn
 
+
+T = TypeVar("T")
 
 # The module names under which the families here keep their vision (and audio) encoders and projectors.
 QWEN_VISION_MODULES = ("visual",)
@@ -31,13 +35,38 @@ class TinyRecipe:
     language model sized by ``shape``: ``tiny_model.TextShape``); ``processor(tokenizer)`` the processor (``None``:
     text-only); ``special_tokens`` are added to the tiny tokenizer after Qwen's (each a single token);
     ``chat_template`` replaces the Qwen one when the family renders images differently; ``model_class``: ``"vlm"``
-    (``AutoModelForImageTextToText``) or ``"causal"`` (``AutoModelForCausalLM``)."""
+    (``AutoModelForImageTextToText``) or ``"causal"`` (``AutoModelForCausalLM``). ``named_tokens``: attribute
+    names the tokenizer gives some of the special tokens (``("boi_token", "<start_of_image>")``: the processor reads
+    ``tokenizer.boi_token``); ``literal_tokens``: ordinary (not special) tokens added whole, for strings a library
+    looks up in the vocabulary by their text (byte-level BPE spells them otherwise)."""
 
     config: Callable[[Any, Any], Any]
     processor: Callable[[Any], Any] | None = None
     special_tokens: tuple[str, ...] = ()
     chat_template: str | None = None
     model_class: str = "vlm"
+    named_tokens: tuple[tuple[str, str], ...] = ()
+    literal_tokens: tuple[str, ...] = ()
+
+
+def rename_safetensors(directory: Path, rename: Callable[[str], str]) -> None:
+    """Rename the tensors of every ``*.safetensors`` file in ``directory`` (metadata kept) and the weight map of
+    ``model.safetensors.index.json``, when there is one."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    for path in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as handle:
+            metadata = handle.metadata()
+        tensors = load_file(str(path))
+        renamed = {rename(name): tensor for name, tensor in tensors.items()}
+        if renamed.keys() != tensors.keys():
+            save_file(renamed, str(path), metadata=metadata)
+    index = directory / "model.safetensors.index.json"
+    if index.exists():
+        content = json.loads(index.read_text())
+        content["weight_map"] = {rename(name): file for name, file in content["weight_map"].items()}
+        index.write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
 
 
 def collapse_placeholder_runs(expanded_ids: Sequence[int], placeholder_id: int | None) -> list[int]:
@@ -83,7 +112,15 @@ class Family:
     (banned from sampling: a sampled placeholder breaks the next forward). ``mrope``: positions are Qwen-VL m-rope
     rows. ``dummy_image(model, device)``: ``get_image_features``' keyword arguments for the smallest image.
     ``expansion_matches(expanded, raw, processor, config)``: whether the processor's expanded prompt ids
-    correspond to the engine's unexpanded ones."""
+    correspond to the engine's unexpanded ones. ``image_text(processor)``: the text the processor puts in place of
+    one image placeholder when that does not depend on the image's size (``None``: one token per merged patch, the
+    Qwen-VL rule); prompt lengths are then counted by tokenizing it. ``token_types(input_ids, config)``: extra
+    forward keyword arguments computed from the (expanded, padded or packed) ids, which the model builds its
+    attention masks from (Gemma 3's ``token_type_ids``, 1 on image tokens: each image block attends to itself
+    bidirectionally); the forward then passes the model no explicit mask of its own and shares no prompts, since
+    either would replace those masks (``None``: plain causal attention). ``checkpoint_name(name)``: a weight's name
+    as the family's checkpoints spell it (and vLLM, which loads them, expects), given the name transformers holds in
+    memory or writes, where those drop a level the checkpoints have (``None``: the names as they are)."""
 
     model_type: str
     name: str
@@ -92,6 +129,9 @@ class Family:
     mrope: bool = False
     dummy_image: Callable[[nn.Module, torch.device | str], dict[str, torch.Tensor]] | None = None
     expansion_matches: Callable[[Sequence[int], Sequence[int], Any, Any], bool] = qwen_expansion_matches
+    image_text: Callable[[Any], str] | None = None
+    token_types: Callable[[torch.Tensor, Any], dict[str, torch.Tensor]] | None = None
+    checkpoint_name: Callable[[str], str] | None = None
     tiny: TinyRecipe | None = field(default=None, compare=False)
 
     @property
@@ -109,6 +149,22 @@ class Family:
         if not self.vision_modules:
             return r"(?!)"
         return r".*\b(" + "|".join(self.vision_modules) + r")\b.*"
+
+    def token_type_inputs(self, input_ids: torch.Tensor, config: Any) -> dict[str, torch.Tensor]:
+        """The forward's extra keyword arguments for ``input_ids`` (``token_types``); ``{}`` for causal families."""
+        return {} if self.token_types is None else self.token_types(input_ids, config)
+
+    def engine_weights(self, named_tensors: Iterable[tuple[str, T]]) -> Iterator[tuple[str, T]]:
+        """``named_tensors`` (transformers' in-memory names) under the names the engine loads
+        (``checkpoint_name``), lazily: the actor's gather yields them one FSDP group at a time."""
+        rename = self.checkpoint_name
+        return iter(named_tensors) if rename is None else ((rename(name), tensor) for name, tensor in named_tensors)
+
+    def rename_saved_weights(self, directory: str | Path) -> None:
+        """Rewrite the safetensors files ``save_pretrained`` wrote into ``directory`` (and their index) with the
+        checkpoint names (``checkpoint_name``), so that vLLM loads the model; a no-op for most families."""
+        if self.checkpoint_name is not None:
+            rename_safetensors(Path(directory), self.checkpoint_name)
 
     def placeholder_token_ids(self, config: Any) -> list[int]:
         """The vision placeholder token ids of a transformers ``config`` of this family."""
