@@ -8,7 +8,7 @@ come from file headers, so the length of every row is known while loading the da
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,12 +86,15 @@ def expanded_length(
     video_shapes: Sequence[VideoShape],
     bounds: VisionBounds | None,
     where: str,
+    image_tokens: Callable[[Any, int, int, int], tuple[int, int]] | None = None,
 ) -> PromptLength:
     """Length of ``chat`` after the processor expands its vision placeholders.
 
     ``image_sizes`` are the (height, width) the images are resized to, ``video_shapes`` each video as handed to
     the processor (frames, height, width, and the frame rate recorded in its metadata).
-    Raises RowError when the placeholders in ``chat`` do not match the row's images and videos.
+    ``image_tokens``: the model family's rule (``Family.image_tokens``: tokens one placeholder becomes, vision
+    tokens among them); ``None``: the Qwen-VL one. Raises RowError when the placeholders in ``chat`` do not match
+    the row's images and videos.
     """
     ids = tokenizer.encode(chat, add_special_tokens=False)
     if processor is None:
@@ -107,7 +110,10 @@ def expanded_length(
             vision += tokens
         total = len(tokenizer.encode("".join(pieces), add_special_tokens=False))
     for height, width in image_sizes:
-        tokens = vision_token_count(height, width, bounds)
-        total += tokens - 1
+        if image_tokens is None:
+            expanded = tokens = vision_token_count(height, width, bounds)
+        else:
+            expanded, tokens = image_tokens(processor, height, width, bounds.factor)
+        total += expanded - 1
         vision += tokens
     return PromptLength(total, vision)

@@ -177,13 +177,17 @@ def _check_extra_words(extra_words: Sequence[str]) -> tuple[str, ...]:
 
 
 def build_tokenizer(
-    extra_words: Sequence[str] = (), family_tokens: Sequence[str] = (), chat_template: str | None = None
+    extra_words: Sequence[str] = (),
+    family_tokens: Sequence[str] = (),
+    chat_template: str | None = None,
+    named_tokens: Sequence[tuple[str, str]] = (),
 ) -> Qwen2Tokenizer:
     """Train the tiny byte-level BPE tokenizer and wrap it as the Qwen2 tokenizer class transformers uses.
 
     ``extra_words`` become single tokens (with and without a leading space) besides the colour words; without them
     the tokenizer is exactly the shape demo's. ``family_tokens``: special tokens of another family (its image
-    placeholders), given the ids after Qwen's; ``chat_template``: that family's template instead of Qwen's.
+    placeholders), given the ids after Qwen's; ``chat_template``: that family's template instead of Qwen's;
+    ``named_tokens``: (attribute, token) pairs the family's processor reads from the tokenizer (saved with it).
     """
     extra_words = _check_extra_words(extra_words)
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -224,6 +228,8 @@ def build_tokenizer(
         pad_token="<|endoftext|>",
         extra_special_tokens=[token for token in special if token not in ("<|im_end|>", "<|endoftext|>")],
         model_max_length=8192,
+        # named model-specific tokens: tokenizer.<name> and tokenizer.<name>_id, written to tokenizer_config.json
+        **({"model_specific_special_tokens": dict(named_tokens)} if named_tokens else {}),
     )
     qwen_tokenizer.add_tokens([AddedToken(token, special=True, normalized=False) for token in special])
     qwen_tokenizer.chat_template = chat_template or CHAT_TEMPLATE
@@ -472,7 +478,7 @@ def build_tiny_model(
         if family in VISION_FAMILIES:
             processor = _processor(family, tokenizer)
     else:
-        tokenizer = build_tokenizer(extra_words, recipe.special_tokens, recipe.chat_template)
+        tokenizer = build_tokenizer(extra_words, recipe.special_tokens, recipe.chat_template, recipe.named_tokens)
         config = recipe.config(tokenizer, shape)
         causal = recipe.model_class == "causal"
         if recipe.processor is not None:

@@ -31,11 +31,14 @@ class TinyRecipe:
     language model sized by ``shape``: ``tiny_model.TextShape``); ``processor(tokenizer)`` the processor (``None``:
     text-only); ``special_tokens`` are added to the tiny tokenizer after Qwen's (each a single token);
     ``chat_template`` replaces the Qwen one when the family renders images differently; ``model_class``: ``"vlm"``
-    (``AutoModelForImageTextToText``) or ``"causal"`` (``AutoModelForCausalLM``)."""
+    (``AutoModelForImageTextToText``) or ``"causal"`` (``AutoModelForCausalLM``); ``named_tokens``: tokenizer
+    attributes the family's processor reads (``{"video_token": "<video>"}`` gives ``tokenizer.video_token`` and
+    ``tokenizer.video_token_id``), each naming one of ``special_tokens``."""
 
     config: Callable[[Any, Any], Any]
     processor: Callable[[Any], Any] | None = None
     special_tokens: tuple[str, ...] = ()
+    named_tokens: tuple[tuple[str, str], ...] = ()
     chat_template: str | None = None
     model_class: str = "vlm"
 
@@ -56,6 +59,14 @@ def qwen_expansion_matches(expanded_ids: Sequence[int], raw_ids: Sequence[int], 
     if placeholder is None:
         placeholder = getattr(config, "image_token_id", None)
     return collapse_placeholder_runs(list(expanded_ids), placeholder) == list(raw_ids)
+
+
+def qwen_image_tokens(processor: Any, height: int, width: int, factor: int) -> tuple[int, int]:
+    """The Qwen-VL rule: an image already resized to multiples of ``factor`` (patch size x merge size) becomes one
+    token per merged patch, and its placeholder is replaced by exactly those. Returns (tokens the placeholder
+    becomes, vision tokens among them)."""
+    tokens = (height // factor) * (width // factor)
+    return tokens, tokens
 
 
 def qwen_dummy_image(model: nn.Module, device: torch.device | str) -> dict[str, torch.Tensor]:
@@ -83,7 +94,10 @@ class Family:
     (banned from sampling: a sampled placeholder breaks the next forward). ``mrope``: positions are Qwen-VL m-rope
     rows. ``dummy_image(model, device)``: ``get_image_features``' keyword arguments for the smallest image.
     ``expansion_matches(expanded, raw, processor, config)``: whether the processor's expanded prompt ids
-    correspond to the engine's unexpanded ones."""
+    correspond to the engine's unexpanded ones. ``image_tokens(processor, height, width, factor)``: how many
+    tokens one image placeholder becomes for an image of that (resized) size, and how many of them are vision
+    tokens, known before any pixel is read (the prompt-length check). ``videos``: whether the trainer takes this
+    family's video inputs (a video row of a family without is refused while the data loads)."""
 
     model_type: str
     name: str
@@ -92,6 +106,8 @@ class Family:
     mrope: bool = False
     dummy_image: Callable[[nn.Module, torch.device | str], dict[str, torch.Tensor]] | None = None
     expansion_matches: Callable[[Sequence[int], Sequence[int], Any, Any], bool] = qwen_expansion_matches
+    image_tokens: Callable[[Any, int, int, int], tuple[int, int]] = qwen_image_tokens
+    videos: bool = True
     tiny: TinyRecipe | None = field(default=None, compare=False)
 
     @property
