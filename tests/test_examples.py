@@ -11,7 +11,8 @@ from helpers import REPO
 from easyr1.config import load_config
 
 
-SCRIPTS = sorted((REPO / "examples").glob("qwen2_5_vl_7b_geo3k_*.sh"))
+# every recipe script: one per algorithm on Qwen2.5-VL-7B, and one per other model family
+SCRIPTS = sorted((REPO / "examples").glob("*_geo3k_*.sh"))
 
 
 def script_overrides(path) -> list[str]:
@@ -23,7 +24,7 @@ def script_overrides(path) -> list[str]:
 
 
 def test_there_is_a_script_per_algorithm():
-    names = {path.stem.removeprefix("qwen2_5_vl_7b_geo3k_") for path in SCRIPTS}
+    names = {path.stem.removeprefix("qwen2_5_vl_7b_geo3k_") for path in SCRIPTS if path.stem.startswith("qwen2_5")}
     assert {"grpo", "dapo", "gspo", "cispo", "sapo", "reinforce", "rloo", "remax", "ppo"} <= names
 
 
@@ -43,3 +44,10 @@ def test_script_settings_load(script, config):
         for part in key.split("."):
             actual = actual[part] if isinstance(actual, dict) else getattr(actual, part)
         assert str(actual).lower() == value.lower() or float(actual) == pytest.approx(float(value)), key
+
+
+def test_each_new_family_has_a_recipe():
+    families = {path.stem.split("_geo3k_")[0] for path in SCRIPTS}
+    assert "internvl3_5_8b" in families
+    text = (REPO / "examples" / "internvl3_5_8b_geo3k_grpo.sh").read_text()
+    assert "OpenGVLab/InternVL3_5-8B-HF" in text
