@@ -196,6 +196,29 @@ def test_packed_and_padded_log_probs_and_gradients_agree_on_tiled_images(model_d
         assert float((packed_grads[name] - grad).abs().max()) < TOLERANCE * scale, name
 
 
+def test_shared_prompts_run_each_prompts_tiles_once_and_agree(model_dir, data_dir):
+    # GRPO's samples of one prompt share it: the prompt and its tiles run once per group (4-D block mask)
+    prompts = _prompts(model_dir, data_dir).index([1, 1, 2, 2, 2, 6, 6, 0])  # one, three and four tiles, text
+    batch = _with_responses(prompts, seed=2)
+    model = _model(model_dir)
+    mask = batch["response_mask"].bool()
+
+    def run(share_prompt: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        log_probs, _ = response_log_probs(model, batch, 1.0, share_prompt=share_prompt)
+        (log_probs * mask).sum().backward()
+        grads = {name: param.grad.clone() for name, param in model.named_parameters() if param.grad is not None}
+        return log_probs.detach(), grads
+
+    padded, padded_grads = run(False)
+    shared, shared_grads = run(True)
+    assert float(((shared - padded).abs() * mask).max()) < TOLERANCE
+    assert shared_grads.keys() == padded_grads.keys()
+    for name, grad in padded_grads.items():
+        scale = max(1.0, float(grad.abs().max()))
+        assert float((shared_grads[name] - grad).abs().max()) < TOLERANCE * scale, name
+
+
 def test_each_sample_scores_its_own_tiles(model_dir, data_dir):
     # a micro-batch concatenates its samples' tiles in row order; scored together or one by one, each row's
     # log-probs are its own (tiles taken from the wrong sample would change them)
@@ -398,3 +421,17 @@ def test_vllm_and_actor_log_probs_agree_on_tiled_images(model_dir, data_dir):
         }
     print(f"internvl max |actor - vLLM| log-prob on tiled image prompts: {gaps}")
     assert all(gap < ENGINE_GAP for gap in gaps.values()), gaps
+
+
+def test_the_hf_format_is_accepted_and_the_remote_code_format_refused():
+    from test_config import SMALL
+
+    from easyr1.config import check_against_model, load_config
+    from easyr1.errors import ConfigError
+
+    config = load_config(SMALL)
+    check_against_model(config, {"model_type": "internvl", "text_config": {"max_position_embeddings": 8192}})
+    # OpenGVLab's checkpoints without the -HF suffix are the remote-code format, another model type
+    with pytest.raises(ConfigError) as info:
+        check_against_model(config, {"model_type": "internvl_chat", "llm_config": {"max_position_embeddings": 8192}})
+    assert "model_type='internvl_chat'" in str(info.value) and "internvl (InternVL 3 / 3.5)" in str(info.value)
