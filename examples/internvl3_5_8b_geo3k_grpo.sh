@@ -4,7 +4,7 @@
 # ratio: one for a square image, up to 12 and a thumbnail) of 256 tokens each; the config's 2048 prompt tokens keep
 # images of up to 7 tiles (longer prompts are filtered out, data.filter_overlong_prompts). The pixel bounds only size
 # the image the tiles are cut from: from one tile's pixels to eight tiles'.
-# Videos are not taken for InternVL yet (docs: model support). On the tiny CPU model instead (built by
+# Video frames are one tile each. On the tiny CPU model instead (built by
 #   python -m easyr1.tools.tiny_model .cache/demo/model/internvl --family internvl):
 #   CONFIG=examples/config_cpu.yaml MODEL_PATH=.cache/demo/model/internvl bash examples/internvl3_5_8b_geo3k_grpo.sh trainer.max_steps=3
 set -euo pipefail

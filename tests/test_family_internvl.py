@@ -21,7 +21,7 @@ from transformers import AutoConfig, AutoModelForImageTextToText
 
 from easyr1.data import RLDataset, collate_fn
 from easyr1.engines.base import SamplingSettings, pack_responses
-from easyr1.errors import DataError
+from easyr1.errors import UserError
 from easyr1.models.families import FAMILIES, family_of
 from easyr1.models.families.internvl import TINY_MAX_TILES, TINY_TOKENS_PER_TILE, expansion_matches
 from easyr1.models.loading import load_model, load_model_config, load_tokenizer_and_processor
@@ -36,7 +36,7 @@ from easyr1.workers.actor import response_log_probs
 
 TOLERANCE = 1e-5  # packed vs padded, fp32
 ENGINE_GAP = 1e-3  # trainer vs engine, fp32 (issue 33's harness)
-MAX_PROMPT_LENGTH = 96
+MAX_PROMPT_LENGTH = 128  # the video rows are 93 tokens: a line per frame
 RESPONSE_LENGTH = 8
 WIDE = (64, 192)  # (height, width): 3:1, cut into a row of 3 tiles plus a thumbnail
 
@@ -48,14 +48,14 @@ def model_dir(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory) -> Path:
-    """The mixed dataset (text, one image, three images, video rows) plus rows with one wide, tiled image."""
+    """``rows.jsonl``: the mixed dataset (text, one image, three images, a 4-frame video, twice) and two rows with
+    one wide image each (four tiles)."""
     root = build_mixed_dataset(tmp_path_factory.mktemp("mixed"), num_rows=8, seed=0)
     pixels = (np.random.default_rng(0).random((*WIDE, 3)) * 255).astype(np.uint8)
     Image.fromarray(pixels).save(root / "images" / "wide.png")
     rows = [json.loads(line) for line in (root / "train.jsonl").read_text().splitlines()]
-    images = [row for row in rows if "videos" not in row]
     wide = {"problem": "<image>What colour is the shape?", "images": ["images/wide.png"], "answer": "red"}
-    (root / "images.jsonl").write_text("".join(json.dumps(row) + "\n" for row in [*images, wide, wide]))
+    (root / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in [*rows, wide, wide]))
     return root
 
 
@@ -73,7 +73,7 @@ def _dataset(model_dir: Path, data_file: Path, **options) -> RLDataset:
 
 
 def _prompts(model_dir: Path, data_dir: Path) -> Batch:
-    dataset = _dataset(model_dir, data_dir / "images.jsonl")
+    dataset = _dataset(model_dir, data_dir / "rows.jsonl")
     return collate_fn([dataset[i] for i in range(len(dataset))])
 
 
@@ -124,27 +124,33 @@ def test_same_seed_builds_identical_files(model_dir, tmp_path):
 # ------------------------------------------------------------------------------------------ the data path
 
 
-def test_dataset_expands_tiles_and_measures_every_prompt(model_dir, data_dir):
-    dataset = _dataset(model_dir, data_dir / "images.jsonl")
+def test_dataset_expands_tiles_and_frames_and_measures_every_prompt(model_dir, data_dir):
+    dataset = _dataset(model_dir, data_dir / "rows.jsonl")
     config = load_model_config(str(model_dir))
     tokenizer = dataset.tokenizer
     items = [dataset[i] for i in range(len(dataset))]
-    images = [len(row.get("images", [])) for row in map(json.loads, (data_dir / "images.jsonl").open())]
-    for item, count in zip(items, images, strict=True):
+    rows = [json.loads(line) for line in (data_dir / "rows.jsonl").read_text().splitlines()]
+    for item, row in zip(items, rows, strict=True):
         ids = item["input_ids"][item["attention_mask"].bool()].tolist()
-        tiles = int(item["multi_modal_inputs"]["pixel_values"].shape[0]) if count else 0
+        images, videos = len(row.get("images", [])), len(row.get("videos", []))
+        blocks = images + (len(item["multi_modal_data"]["videos"][0]) if videos else 0)  # a block per frame
+        tiles = int(item["multi_modal_inputs"]["pixel_values"].shape[0]) if blocks else 0
         assert ids.count(config.image_token_id) == tiles * TINY_TOKENS_PER_TILE
-        assert ids.count(tokenizer.start_image_token_id) == ids.count(tokenizer.end_image_token_id) == count
-        assert item["raw_prompt_ids"].count(config.image_token_id) == count
+        assert ids.count(tokenizer.start_image_token_id) == ids.count(tokenizer.end_image_token_id) == blocks
+        assert item["raw_prompt_ids"].count(config.image_token_id) == images
+        assert item["raw_prompt_ids"].count(tokenizer.video_token_id) == videos and tokenizer.video_token_id not in ids
         assert item["position_ids"].shape == (MAX_PROMPT_LENGTH,)  # 1-D positions
+        if videos:  # one line per frame, each frame one tile
+            text = tokenizer.decode(ids)
+            assert "Frame1: <img>" in text and "Frame4: <img>" in text and tiles == 4
     # the wide image is several tiles plus a thumbnail, the small square ones one tile each
     tiles = [int(item["multi_modal_inputs"]["pixel_values"].shape[0]) for item in items if item["multi_modal_inputs"]]
-    assert tiles == [1, 3, 1, 3, 4, 4] and max(tiles) <= TINY_MAX_TILES
+    assert tiles == [1, 3, 4, 1, 3, 4, 4, 4] and max(tiles) <= TINY_MAX_TILES
     # the length known before any pixel is read is the processor's
     assert dataset.prompt_lengths == [int(item["attention_mask"].sum()) for item in items]
 
     batch = collate_fn(items)
-    assert _tiles(batch) == [0, 1, 3, 0, 1, 3, 4, 4]
+    assert _tiles(batch) == [0, 1, 3, 4, 0, 1, 3, 4, 4, 4]
 
 
 def test_expansion_rule(model_dir):
@@ -158,13 +164,6 @@ def test_expansion_rule(model_dir):
     assert not expansion_matches([1, start, *tile[:-1], end, 2, start, *tile, end, 3], raw, processor, config)
     assert not expansion_matches([1, start, *tile, 2, start, *tile, end, 3], raw, processor, config)  # no </img>
     assert not expansion_matches([1, start, end, 2, start, *tile, end, 3], raw, processor, config)  # no tile
-
-
-def test_video_rows_are_refused_while_loading(model_dir, data_dir):
-    with pytest.raises(DataError, match="has videos, which easyr1 does not train InternVL"):
-        _dataset(model_dir, data_dir / "train.jsonl")
-    dataset = _dataset(model_dir, data_dir / "train.jsonl", skip_bad_rows=True)
-    assert dataset.skipped == {"video input for a model without video support": 2} and len(dataset) == 6
 
 
 # --------------------------------------------------------------------------------------------- the forward
@@ -198,7 +197,7 @@ def test_packed_and_padded_log_probs_and_gradients_agree_on_tiled_images(model_d
 
 def test_shared_prompts_run_each_prompts_tiles_once_and_agree(model_dir, data_dir):
     # GRPO's samples of one prompt share it: the prompt and its tiles run once per group (4-D block mask)
-    prompts = _prompts(model_dir, data_dir).index([1, 1, 2, 2, 2, 6, 6, 0])  # one, three and four tiles, text
+    prompts = _prompts(model_dir, data_dir).index([1, 1, 2, 2, 2, 3, 3, 8, 0])  # 1, 3 tiles, 4 frames, 4 tiles
     batch = _with_responses(prompts, seed=2)
     model = _model(model_dir)
     mask = batch["response_mask"].bool()
@@ -245,26 +244,29 @@ def test_vision_keepalive_reaches_the_tower_and_projector(model_dir):
 # ------------------------------------------------------------------------------- placeholders, LoRA, sizes
 
 
-def _favouring(model: torch.nn.Module, token: int) -> torch.nn.Module:
-    """``model`` with an output bias that makes ``token`` nearly certain at every step."""
+def _favouring(model: torch.nn.Module, tokens: list[int]) -> torch.nn.Module:
+    """``model`` with an output bias that makes one of ``tokens`` nearly certain at every step."""
     head = model.lm_head
     biased = torch.nn.Linear(head.in_features, head.out_features, bias=True)
     with torch.no_grad():
         biased.weight.copy_(head.weight)
         biased.bias.zero_()
-        biased.bias[token] = 30.0
+        biased.bias[tokens] = 30.0
     model.lm_head = biased
     return model
 
 
-def test_the_image_placeholder_is_never_sampled(model_dir, data_dir):
+def test_the_placeholders_are_never_sampled(model_dir, data_dir):
     from easyr1.engines.hf_engine import HFEngine
 
     config = load_model_config(str(model_dir))
-    banned = FAMILIES["internvl"].placeholder_token_ids(config)
-    assert banned == [config.image_token_id]
+    tokenizer, _ = load_tokenizer_and_processor(str(model_dir))
+    # <IMG_CONTEXT> from the config; <video> from the tokenizer (vLLM would read a sampled one as a video's
+    # placeholder in a later turn's prompt)
+    banned = FAMILIES["internvl"].placeholder_token_ids(config, tokenizer)
+    assert banned == [config.image_token_id, tokenizer.video_token_id]
     prompts = _prompts(model_dir, data_dir).index([1, 2])  # one tile, three tiles
-    sampling = SamplingSettings(temperature=1.0, max_tokens=4, ignore_eos=True)
+    sampling = SamplingSettings(temperature=1.0, max_tokens=8, ignore_eos=True)
 
     def sample(banned_ids: list[int]) -> Batch:
         engine = HFEngine(
@@ -275,17 +277,17 @@ def test_the_image_placeholder_is_never_sampled(model_dir, data_dir):
             banned_token_ids=banned_ids,
             device="cpu",
         )
-        _favouring(engine.model, config.image_token_id)
+        _favouring(engine.model, banned)
         return engine.generate(prompts, sampling, seeds=[0, 1])
 
-    model = _favouring(_model(model_dir), config.image_token_id)
-    # the control: without the ban the placeholder is sampled, and the next forward breaks on it
+    model = _favouring(_model(model_dir), banned)
+    # the control: without the ban both placeholders are sampled, and the next forward breaks on <IMG_CONTEXT>
     unbanned = sample([])
-    assert (unbanned["responses"] == config.image_token_id).any()
+    assert all((unbanned["responses"] == token).any() for token in banned)
     with pytest.raises(Exception, match="Image features and image tokens do not match"), torch.no_grad():
         response_log_probs(model, unbanned, 1.0)
     banned_batch = sample(banned)
-    assert not (banned_batch["responses"] == config.image_token_id).any()
+    assert not any((banned_batch["responses"] == token).any() for token in banned)
     with torch.no_grad():
         log_probs, _ = response_log_probs(model, banned_batch, 1.0, banned_token_ids=banned)
     assert torch.isfinite(log_probs).all()
@@ -371,7 +373,7 @@ def test_the_plan_runs_on_the_demo_config(model_dir, data_dir):
 
     from easyr1.plan import Device, make_plan, measure_model
 
-    config = demo_config(model_dir, data_dir, f"data.train_files={data_dir / 'images.jsonl'}")
+    config = demo_config(model_dir, data_dir, f"data.train_files={data_dir / 'rows.jsonl'}")
     device = Device(name="cpu", kind="cpu", memory_bytes=64 * 2**30, peak_flops=1e11, host_bytes=64 * 2**30)
     plan = make_plan(config, device, measure_model(load_model_config(str(model_dir))))
     assert plan.fits
@@ -381,12 +383,14 @@ def test_the_plan_runs_on_the_demo_config(model_dir, data_dir):
 
 
 @pytest.mark.vllm
-def test_vllm_and_actor_log_probs_agree_on_tiled_images(model_dir, data_dir):
+def test_vllm_and_actor_log_probs_agree_on_tiles_and_frames(model_dir, data_dir):
     from easyr1.engines.vllm_engine import VLLMEngine
 
     prompts = _prompts(model_dir, data_dir)
     config = load_model_config(str(model_dir))
-    banned = FAMILIES["internvl"].placeholder_token_ids(config)
+    tokenizer, _ = load_tokenizer_and_processor(str(model_dir))
+    banned = FAMILIES["internvl"].placeholder_token_ids(config, tokenizer)
+    sampling = SamplingSettings(temperature=1.0, max_tokens=RESPONSE_LENGTH, ignore_eos=True)
     with single_rank_vllm_world(VLLM_CPU_KVCACHE_SPACE="1"):
         engine = VLLMEngine(
             str(model_dir),
@@ -398,28 +402,26 @@ def test_vllm_and_actor_log_probs_agree_on_tiled_images(model_dir, data_dir):
             pad_token_id=0,
             banned_token_ids=banned,
         )
-        sampling = SamplingSettings(temperature=1.0, max_tokens=RESPONSE_LENGTH, ignore_eos=True)
-        # generate() itself raises unless vLLM expanded every prompt to the dataset's ids (tiles included)
+        # generate() itself raises unless vLLM expanded every prompt to the dataset's ids (tiles and frames)
         batch = engine.generate(prompts, sampling, seeds=list(range(len(prompts))))
+        # the control: vLLM writes the video frames' context tokens as <video>, which the check must read as
+        # <IMG_CONTEXT>; taken literally, the video rows' prompts differ
+        assert engine.engine_token_map == {tokenizer.video_token_id: config.image_token_id}
+        engine.engine_token_map = {}
+        video_rows = [row for row, inputs in enumerate(prompts["multi_modal_data"]) if "videos" in inputs]
+        with pytest.raises(UserError, match="vLLM expanded the prompt"):
+            engine.generate(prompts.index(video_rows[:1]), sampling, seeds=[0])
         del engine
         gc.collect()
-    assert 4 in _tiles(batch) and bool(batch["response_mask"].all())
+    assert _tiles(batch) == [0, 1, 3, 4, 0, 1, 3, 4, 4, 4] and bool(batch["response_mask"].all())
     model = load_model(str(model_dir), torch.float32).eval()
     mask = batch["response_mask"].bool()
+    gaps = {}
     with torch.no_grad():
-        gaps = {
-            name: float(
-                (
-                    (
-                        response_log_probs(model, batch, 1.0, banned_token_ids=banned, padding_free=packed)[0]
-                        - batch["rollout_log_probs"]
-                    ).abs()
-                    * mask
-                ).max()
-            )
-            for name, packed in (("padded", False), ("packed", True))
-        }
-    print(f"internvl max |actor - vLLM| log-prob on tiled image prompts: {gaps}")
+        for name, packed in (("padded", False), ("packed", True)):
+            log_probs, _ = response_log_probs(model, batch, 1.0, banned_token_ids=banned, padding_free=packed)
+            gaps[name] = float(((log_probs - batch["rollout_log_probs"]).abs() * mask).max())
+    print(f"internvl max |actor - vLLM| log-prob on text, tiled image and video prompts: {gaps}")
     assert all(gap < ENGINE_GAP for gap in gaps.values()), gaps
 
 

@@ -393,7 +393,15 @@ class RLDataset(torch.utils.data.Dataset):
         video_shapes = [video_shape(value, base_dir, where, self.video_limits, self.video_bounds) for value in videos]
         family = family_of(self.model_config)
         return expanded_length(
-            self.tokenizer, self.processor, chat, image_sizes, video_shapes, self.bounds, where, family.image_tokens
+            self.tokenizer,
+            self.processor,
+            chat,
+            image_sizes,
+            video_shapes,
+            self.bounds,
+            where,
+            family.image_tokens,
+            family.video_placeholder,
         )
 
     # ------------------------------------------------------------------ building one item
@@ -409,14 +417,6 @@ class RLDataset(torch.utils.data.Dataset):
                 "vision input for a text model",
                 "the row has images or videos but the model has no image processor (a text-only model)",
                 "use a vision-language model or drop the images",
-            )
-        if num_videos and not family_of(self.model_config).videos:
-            family = family_of(self.model_config)
-            raise RowError(
-                where,
-                "video input for a model without video support",
-                f"the row has videos, which easyr1 does not train {family.name} models on yet",
-                "drop the video rows",
             )
         messages = build_messages(render_prompt(self.template, prompt), num_images, num_videos, where)
         owner = self.processor if self.processor is not None else self.tokenizer

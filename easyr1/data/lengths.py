@@ -87,13 +87,15 @@ def expanded_length(
     bounds: VisionBounds | None,
     where: str,
     image_tokens: Callable[[Any, int, int, int], tuple[int, int]] | None = None,
+    video_text: Callable[[Any, int, int, int, float, str], tuple[str, int]] | None = None,
 ) -> PromptLength:
     """Length of ``chat`` after the processor expands its vision placeholders.
 
     ``image_sizes`` are the (height, width) the images are resized to, ``video_shapes`` each video as handed to
     the processor (frames, height, width, and the frame rate recorded in its metadata).
     ``image_tokens``: the model family's rule (``Family.image_tokens``: tokens one placeholder becomes, vision
-    tokens among them); ``None``: the Qwen-VL one. Raises RowError when the placeholders in ``chat`` do not match
+    tokens among them), ``video_text`` its rule for videos (``Family.video_placeholder``); ``None``: the Qwen-VL
+    ones. Raises RowError when the placeholders in ``chat`` do not match
     the row's images and videos.
     """
     ids = tokenizer.encode(chat, add_special_tokens=False)
@@ -105,7 +107,9 @@ def expanded_length(
         # Video placeholders may expand to text (timestamps), so the expanded prompt is tokenized again.
         pieces = chat.split(processor.video_token)
         for index, shape in enumerate(video_shapes):
-            text, tokens = video_placeholder(processor, shape.frames, shape.height, shape.width, shape.fps, where)
+            text, tokens = (video_text or video_placeholder)(
+                processor, shape.frames, shape.height, shape.width, shape.fps, where
+            )
             pieces[index + 1] = text + pieces[index + 1]
             vision += tokens
         total = len(tokenizer.encode("".join(pieces), add_special_tokens=False))

@@ -91,23 +91,29 @@ class Family:
 
     ``vision_modules``: names of the modules holding the vision (and audio) encoders and projectors; empty for a
     text-only family. ``placeholder_attributes``: the config attributes whose token ids are vision placeholders
-    (banned from sampling: a sampled placeholder breaks the next forward). ``mrope``: positions are Qwen-VL m-rope
-    rows. ``dummy_image(model, device)``: ``get_image_features``' keyword arguments for the smallest image.
-    ``expansion_matches(expanded, raw, processor, config)``: whether the processor's expanded prompt ids
-    correspond to the engine's unexpanded ones. ``image_tokens(processor, height, width, factor)``: how many
+    (banned from sampling: a sampled placeholder breaks the next forward); ``placeholder_tokenizer_attributes``:
+    named tokenizer tokens that are placeholders too where the config has no id for them. ``mrope``: positions
+    are Qwen-VL m-rope rows. ``dummy_image(model, device)``: ``get_image_features``' keyword arguments for the
+    smallest image. ``expansion_matches(expanded, raw, processor, config)``: whether the processor's expanded
+    prompt ids correspond to the engine's unexpanded ones. ``image_tokens(processor, height, width, factor)``: how many
     tokens one image placeholder becomes for an image of that (resized) size, and how many of them are vision
-    tokens, known before any pixel is read (the prompt-length check). ``videos``: whether the trainer takes this
-    family's video inputs (a video row of a family without is refused while the data loads)."""
+    tokens, known before any pixel is read (the prompt-length check). ``video_placeholder(processor, frames,
+    height, width, fps, where)``: the text one video placeholder becomes and its vision tokens (``None``: the
+    Qwen-VL processors' rule, ``easyr1.data.lengths.video_placeholder``).
+    ``engine_token_map(config, tokenizer)``: token ids the rollout engine writes in its expanded prompt where the
+    processor writes another (engine id -> trainer id), for the check that both expanded a prompt alike."""
 
     model_type: str
     name: str
     vision_modules: tuple[str, ...] = ()
     placeholder_attributes: tuple[str, ...] = ("image_token_id", "video_token_id")
+    placeholder_tokenizer_attributes: tuple[str, ...] = ()
     mrope: bool = False
     dummy_image: Callable[[nn.Module, torch.device | str], dict[str, torch.Tensor]] | None = None
     expansion_matches: Callable[[Sequence[int], Sequence[int], Any, Any], bool] = qwen_expansion_matches
     image_tokens: Callable[[Any, int, int, int], tuple[int, int]] = qwen_image_tokens
-    videos: bool = True
+    video_placeholder: Callable[[Any, int, int, int, float, str], tuple[str, int]] | None = None
+    engine_token_map: Callable[[Any, Any], dict[int, int]] | None = None
     tiny: TinyRecipe | None = field(default=None, compare=False)
 
     @property
@@ -126,11 +132,15 @@ class Family:
             return r"(?!)"
         return r".*\b(" + "|".join(self.vision_modules) + r")\b.*"
 
-    def placeholder_token_ids(self, config: Any) -> list[int]:
-        """The vision placeholder token ids of a transformers ``config`` of this family."""
+    def placeholder_token_ids(self, config: Any, tokenizer: Any = None) -> list[int]:
+        """The vision placeholder token ids of a transformers ``config`` of this family (and of its ``tokenizer``,
+        for the placeholders only the tokenizer names)."""
+        values = [getattr(config, attribute, None) for attribute in self.placeholder_attributes]
+        if tokenizer is not None:
+            named = (getattr(tokenizer, attribute, None) for attribute in self.placeholder_tokenizer_attributes)
+            values += [tokenizer.convert_tokens_to_ids(token) for token in named if token is not None]
         ids = []
-        for attribute in self.placeholder_attributes:
-            value = getattr(config, attribute, None)
+        for value in values:
             if value is not None and int(value) not in ids:
                 ids.append(int(value))
         return ids

@@ -11,8 +11,11 @@ tower's input size (plus a thumbnail when there is more than one tile) and repla
 the per-sample ``multi_modal_inputs`` keep together. vLLM serves this architecture as
 ``InternS1ForConditionalGeneration`` and runs the same HF processor, so both sides cut the same tiles.
 
-Videos are not taken yet: the HF processor writes video frames with ``<IMG_CONTEXT>`` tokens, vLLM with its
-``<video>`` token, so the prompt the engine expands would not be the one the actor trains on.
+A video placeholder ``<video>`` becomes ``Frame1: <img>...</img>\nFrame2: ...``, one tile per frame; its frames'
+rows join ``pixel_values`` in the prompt's order. The HF processor writes the frames' context tokens as
+``<IMG_CONTEXT>`` (the model embeds every one of them alike), vLLM as ``<video>``: the engine's expanded prompt equals
+the trainer's once ``<video>`` is read as ``<IMG_CONTEXT>`` (:func:`engine_token_map`), which are the same
+positions carrying the same vision features.
 """
 
 from __future__ import annotations
@@ -114,6 +117,24 @@ def image_tokens(processor: Any, height: int, width: int, factor: int) -> tuple[
     return vision + 2, vision
 
 
+def video_placeholder(
+    processor: Any, num_frames: int, height: int, width: int, fps: float, where: str
+) -> tuple[str, int]:
+    """The text one ``<video>`` becomes (the processor's own rule: a line ``FrameN: <img>...</img>`` per frame, each
+    frame one tile) and its vision tokens; the frames are taken as sampled (no padding, no resampling)."""
+    import torch
+
+    # replace_video_token reads only the number of frames of the video's pixel values
+    text = processor.replace_video_token({"pixel_values_videos": [torch.empty(num_frames, 0)]}, video_idx=0)
+    return text, num_frames * int(processor.image_seq_length)
+
+
+def engine_token_map(config: Any, tokenizer: Any) -> dict[int, int]:
+    """vLLM writes a video frame's context tokens as ``<video>``, the HF processor as ``<IMG_CONTEXT>``."""
+    video = tokenizer.convert_tokens_to_ids(getattr(tokenizer, "video_token", None) or "<video>")
+    return {int(video): int(config.image_token_id)}
+
+
 def dummy_image(model: nn.Module, device: torch.device | str) -> dict[str, torch.Tensor]:
     """One black tile at the vision tower's input size: ``get_image_features(pixel_values=(1, 3, H, W))`` (the
     feature layer and selection come from the config)."""
@@ -195,13 +216,16 @@ FAMILIES = (
         model_type="internvl",
         name="InternVL 3 / 3.5",
         vision_modules=VISION_MODULES,
-        # <IMG_CONTEXT>; video frames use it too (the config has no video token id)
+        # <IMG_CONTEXT> (the config has no video token id: the HF processor writes frames with it too); and vLLM's
+        # <video>, which vLLM reads as a video's placeholder in a later turn's prompt
         placeholder_attributes=("image_token_id",),
+        placeholder_tokenizer_attributes=("video_token",),
         mrope=False,
         dummy_image=dummy_image,
         expansion_matches=expansion_matches,
         image_tokens=image_tokens,
-        videos=False,
+        video_placeholder=video_placeholder,
+        engine_token_map=engine_token_map,
         tiny=TinyRecipe(
             config=_tiny_config,
             processor=_tiny_processor,
