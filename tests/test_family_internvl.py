@@ -315,6 +315,16 @@ def test_lora_adapts_the_language_model_only_and_steps(model_dir, data_dir):
     assert float(((after - before.detach()) * mask).sum()) > 0  # the step raised the responses' log-probs
 
 
+def test_freezing_the_vision_tower_freezes_the_projector_too(model_dir):
+    from easyr1.models.vision_tower import freeze_vision_tower
+
+    model = _model(model_dir)
+    freeze_vision_tower(model)
+    frozen = {name for name, param in model.named_parameters() if not param.requires_grad}
+    vision = {name for name, _ in model.named_parameters() if not name.startswith("model.language_model.")}
+    assert frozen == vision - {"lm_head.weight"} and any(".multi_modal_projector." in name for name in frozen)
+
+
 def test_fsdp_blocks_leave_the_tower_in_the_root_unit(model_dir):
     model = _model(model_dir)
     family = family_of(model.config)
