@@ -45,3 +45,10 @@ def test_script_settings_load(script, config):
         for part in key.split("."):
             actual = actual[part] if isinstance(actual, dict) else getattr(actual, part)
         assert str(actual).lower() == value.lower() or float(actual) == pytest.approx(float(value)), key
+
+
+def test_each_new_family_has_a_recipe():
+    families = {path.stem.split("_geo3k_")[0] for path in SCRIPTS}
+    assert "internvl3_5_8b" in families
+    text = (REPO / "examples" / "internvl3_5_8b_geo3k_grpo.sh").read_text()
+    assert "OpenGVLab/InternVL3_5-8B-HF" in text

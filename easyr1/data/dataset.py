@@ -394,7 +394,16 @@ class RLDataset(torch.utils.data.Dataset):
         family = family_of(self.model_config)
         image_text = family.image_text(self.processor) if family.image_text is not None and images else None
         return expanded_length(
-            self.tokenizer, self.processor, chat, image_sizes, video_shapes, self.bounds, where, image_text
+            self.tokenizer,
+            self.processor,
+            chat,
+            image_sizes,
+            video_shapes,
+            self.bounds,
+            where,
+            image_text=image_text,
+            image_tokens=family.image_tokens,
+            video_text=family.video_placeholder,
         )
 
     # ------------------------------------------------------------------ building one item

@@ -8,7 +8,7 @@ come from file headers, so the length of every row is known while loading the da
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,15 +87,19 @@ def expanded_length(
     bounds: VisionBounds | None,
     where: str,
     image_text: str | None = None,
+    image_tokens: Callable[[Any, int, int, int], tuple[int, int]] | None = None,
+    video_text: Callable[[Any, int, int, int, float, str], tuple[str, int]] | None = None,
 ) -> PromptLength:
     """Length of ``chat`` after the processor expands its vision placeholders.
 
     ``image_sizes`` are the (height, width) the images are resized to, ``video_shapes`` each video as handed to
-    the processor (frames, height, width, and the frame rate recorded in its metadata). ``image_text``: what the
-    processor writes in place of every image placeholder, when that does not depend on the image's size (the
-    family's ``image_text``); the prompt is then tokenized with it, since its tokens may merge with their
-    neighbours (Gemma 3's newlines). Raises RowError when the placeholders in ``chat`` do not match the row's images
-    and videos.
+    the processor (frames, height, width, and the frame rate recorded in its metadata).
+    ``image_tokens``: the model family's rule (``Family.image_tokens``: tokens one placeholder becomes, vision
+    tokens among them), ``video_text`` its rule for videos (``Family.video_placeholder``); ``None``: the Qwen-VL
+    ones. ``image_text``: what the processor writes in place of every image placeholder, when that does not depend
+    on the image's size (the family's ``image_text``); the prompt is then tokenized with it, since its tokens may
+    merge with their neighbours (Gemma 3's newlines). Raises RowError when the placeholders in ``chat`` do not match
+    the row's images and videos.
     """
     ids = tokenizer.encode(chat, add_special_tokens=False)
     if processor is None:
@@ -110,12 +114,17 @@ def expanded_length(
         # Video placeholders may expand to text (timestamps), so the expanded prompt is tokenized again.
         pieces = chat.split(processor.video_token)
         for index, shape in enumerate(video_shapes):
-            text, tokens = video_placeholder(processor, shape.frames, shape.height, shape.width, shape.fps, where)
+            text, tokens = (video_text or video_placeholder)(
+                processor, shape.frames, shape.height, shape.width, shape.fps, where
+            )
             pieces[index + 1] = text + pieces[index + 1]
             vision += tokens
         total = len(tokenizer.encode("".join(pieces), add_special_tokens=False))
     for height, width in image_sizes:
-        tokens = vision_token_count(height, width, bounds)
-        total += tokens - 1
+        if image_tokens is None:
+            expanded = tokens = vision_token_count(height, width, bounds)
+        else:
+            expanded, tokens = image_tokens(processor, height, width, bounds.factor)
+        total += expanded - 1
         vision += tokens
     return PromptLength(total, vision)

@@ -58,14 +58,16 @@ class VisionBounds:
 
 
 def vision_bounds(processor: Any, min_pixels: int | None = None, max_pixels: int | None = None) -> VisionBounds:
-    """The image size bounds for ``processor``, narrowed to the dataset's ``min_pixels`` / ``max_pixels``.
+    """The image size bounds for ``processor``, narrowed to the dataset's ``min_pixels`` / ``max_pixels``; sides a
+    multiple of patch size x merge size (1 for a tiling processor, which has no patch grid).
 
     Using the overlap of both ranges keeps the processor's resize a no-op. Raises DataError when they do not
     overlap, naming the value to change.
     """
     image_processor = getattr(processor, "image_processor", processor)
     patch, merge = getattr(image_processor, "patch_size", None), getattr(image_processor, "merge_size", None)
-    # A processor without patch merging resizes every image to one fixed size (Gemma 3): any size may go in.
+    # A processor without patch merging resizes every image to one fixed size (Gemma 3), or cuts tiles from whatever
+    # size it gets (InternVL's GotOcr2 processor): the sides need no rounding, only the pixel count is bounded.
     factor = int(patch) * int(merge) if patch is not None and merge is not None else 1
     size = getattr(image_processor, "size", None) or {}
     proc_min = int(size.get("shortest_edge") or getattr(image_processor, "min_pixels", None) or factor * factor)

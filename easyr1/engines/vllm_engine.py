@@ -30,6 +30,7 @@ from easyr1.algorithms.logits import BANNED_TOKEN_BIAS
 from easyr1.engines.base import SamplingSettings, StopRule, is_active, pack_continued, pack_responses, partial_of
 from easyr1.engines.registry import EngineSetup, EngineTraits, register_engine
 from easyr1.errors import UserError
+from easyr1.models.families import family_of
 from easyr1.protocol import Batch
 
 
@@ -179,7 +180,6 @@ class VLLMEngine:
             os.environ[vllm_shm.TAG_VARIABLE] = self.shm_tag
             extra["worker_cls"] = "easyr1.engines.vllm_cpu_shm_worker.TaggedShmCPUWorker"
         self.dtype = dtype
-        from easyr1.models.families import family_of
         from easyr1.models.loading import load_model_config
 
         # the weights it loads are named as the family's checkpoints name them (Family.checkpoint_name)
@@ -215,6 +215,10 @@ class VLLMEngine:
         self.choose_weight_sync()
         self.pad_token_id = pad_token_id
         self.logit_bias = {token: BANNED_TOKEN_BIAS for token in banned_token_ids} or None
+        # placeholder ids vLLM writes where the processor writes others (InternVL's video frames), for the check
+        hf_config = self.llm.llm_engine.model_config.hf_config
+        token_map = self.family.engine_token_map
+        self.engine_token_map = token_map(hf_config, self.llm.get_tokenizer()) if token_map is not None else {}
 
     def choose_weight_sync(self) -> None:
         """Decide once how :meth:`sync_weights` loads: easyr1's CPU path (``reload_reason`` None) or vLLM's
@@ -369,6 +373,8 @@ class VLLMEngine:
         """The prompt vLLM sampled from must be the one the actor will score, token for token."""
         for row, engine_ids in enumerate(engine_prompt_ids):
             trainer_ids = prompts["input_ids"][row][prompts["attention_mask"][row].bool()].tolist()
+            if self.engine_token_map:
+                engine_ids = [self.engine_token_map.get(token, token) for token in engine_ids]
             if list(engine_ids) != trainer_ids:
                 raise UserError(
                     f"prompt {first_row + row}: vLLM expanded the prompt to {len(engine_ids)} tokens but the "

@@ -142,12 +142,17 @@ def _vision_shape(config: PretrainedConfig) -> VisionShape | None:
     # Qwen2-VL calls the tower's width embed_dim (its hidden_size is the merger's output width)
     width = getattr(vision, "embed_dim", None) or vision.hidden_size
     intermediate = getattr(vision, "intermediate_size", None) or int(width * getattr(vision, "mlp_ratio", 4))
+    patch = getattr(vision, "patch_size", 14)
+    # InternVL gives (height, width) patches and merges by pixel shuffle at the top level's downsample_ratio
+    patch = int(patch[0]) if isinstance(patch, (list, tuple)) else int(patch)
+    downsample = getattr(config, "downsample_ratio", None)
+    merge = getattr(vision, "spatial_merge_size", None) or (round(1 / downsample) if downsample else 2)
     return VisionShape(
         depth=getattr(vision, "depth", None) or vision.num_hidden_layers,
         hidden=width,
         intermediate=intermediate,
-        patch_size=getattr(vision, "patch_size", 14),
-        merge_size=getattr(vision, "spatial_merge_size", 2),
+        patch_size=patch,
+        merge_size=merge,
         temporal_patch_size=getattr(vision, "temporal_patch_size", 2),
     )
 

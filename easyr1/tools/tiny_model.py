@@ -230,8 +230,9 @@ def build_tokenizer(
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         extra_special_tokens=[token for token in special if token not in ("<|im_end|>", "<|endoftext|>")],
-        model_specific_special_tokens=dict(named_tokens),
         model_max_length=8192,
+        # named model-specific tokens: tokenizer.<name> and tokenizer.<name>_id, written to tokenizer_config.json
+        **({"model_specific_special_tokens": dict(named_tokens)} if named_tokens else {}),
     )
     qwen_tokenizer.add_tokens([AddedToken(token, special=True, normalized=False) for token in special])
     qwen_tokenizer.add_tokens([AddedToken(token, special=False, normalized=False) for token in literal_tokens])

@@ -137,7 +137,7 @@ class HybridWorker(Worker):
         optimizer = build_optimizer((param for param in model.parameters() if param.requires_grad), optim)
         # Vision placeholders must never be sampled (see actor.BANNED_TOKEN_BIAS).
         hf_config = model.config
-        self.banned_token_ids = family_of(hf_config).placeholder_token_ids(hf_config)
+        self.banned_token_ids = family_of(hf_config).placeholder_token_ids(hf_config, self.tokenizer)
         self.actor = Actor(
             model,
             actor_config,
@@ -198,7 +198,7 @@ class HybridWorker(Worker):
         hf_config = load_model_config(
             model_config.model_path, model_config.trust_remote_code, model_config.override_config
         )
-        self.banned_token_ids = family_of(hf_config).placeholder_token_ids(hf_config)
+        self.banned_token_ids = family_of(hf_config).placeholder_token_ids(hf_config, self.tokenizer)
         try:
             self.generation_config = transformers.GenerationConfig.from_pretrained(model_config.model_path)
         except OSError:  # no generation_config.json: the model's config gives it, as from_pretrained does

@@ -43,9 +43,9 @@ class TinyRecipe:
     config: Callable[[Any, Any], Any]
     processor: Callable[[Any], Any] | None = None
     special_tokens: tuple[str, ...] = ()
+    named_tokens: tuple[tuple[str, str], ...] = ()
     chat_template: str | None = None
     model_class: str = "vlm"
-    named_tokens: tuple[tuple[str, str], ...] = ()
     literal_tokens: tuple[str, ...] = ()
 
 
@@ -87,6 +87,14 @@ def qwen_expansion_matches(expanded_ids: Sequence[int], raw_ids: Sequence[int], 
     return collapse_placeholder_runs(list(expanded_ids), placeholder) == list(raw_ids)
 
 
+def qwen_image_tokens(processor: Any, height: int, width: int, factor: int) -> tuple[int, int]:
+    """The Qwen-VL rule: an image already resized to multiples of ``factor`` (patch size x merge size) becomes one
+    token per merged patch, and its placeholder is replaced by exactly those. Returns (tokens the placeholder
+    becomes, vision tokens among them)."""
+    tokens = (height // factor) * (width // factor)
+    return tokens, tokens
+
+
 def qwen_dummy_image(model: nn.Module, device: torch.device | str) -> dict[str, torch.Tensor]:
     """The smallest valid image for a Qwen-VL-style tower (flattened patches + a (1, 3) grid): the keyword
     arguments of ``model.get_image_features``."""
@@ -109,26 +117,38 @@ class Family:
 
     ``vision_modules``: names of the modules holding the vision (and audio) encoders and projectors; empty for a
     text-only family. ``placeholder_attributes``: the config attributes whose token ids are vision placeholders
-    (banned from sampling: a sampled placeholder breaks the next forward). ``mrope``: positions are Qwen-VL m-rope
-    rows. ``dummy_image(model, device)``: ``get_image_features``' keyword arguments for the smallest image.
-    ``expansion_matches(expanded, raw, processor, config)``: whether the processor's expanded prompt ids
-    correspond to the engine's unexpanded ones. ``image_text(processor)``: the text the processor puts in place of
-    one image placeholder when that does not depend on the image's size (``None``: one token per merged patch, the
-    Qwen-VL rule); prompt lengths are then counted by tokenizing it. ``token_types(input_ids, config)``: extra
-    forward keyword arguments computed from the (expanded, padded or packed) ids, which the model builds its
-    attention masks from (Gemma 3's ``token_type_ids``, 1 on image tokens: each image block attends to itself
-    bidirectionally); the forward then passes the model no explicit mask of its own and shares no prompts, since
-    either would replace those masks (``None``: plain causal attention). ``checkpoint_name(name)``: a weight's name
-    as the family's checkpoints spell it (and vLLM, which loads them, expects), given the name transformers holds in
-    memory or writes, where those drop a level the checkpoints have (``None``: the names as they are)."""
+    (banned from sampling: a sampled placeholder breaks the next forward); ``placeholder_tokenizer_attributes``:
+    named tokenizer tokens that are placeholders too where the config has no id for them. ``mrope``: positions
+    are Qwen-VL m-rope rows. ``dummy_image(model, device)``: ``get_image_features``' keyword arguments for the
+    smallest image. ``expansion_matches(expanded, raw, processor, config)``: whether the processor's expanded
+    prompt ids correspond to the engine's unexpanded ones. ``image_tokens(processor, height, width, factor)``: how
+    many tokens one image placeholder becomes for an image of that (resized) size, and how many of them are vision
+    tokens, known before any pixel is read (the prompt-length check). ``image_text(processor)``: the text the
+    processor puts in place of one image placeholder when that does not depend on the image's size (prompt lengths
+    are then counted by tokenizing it, since its tokens may merge with their neighbours). ``video_placeholder(
+    processor, frames, height, width, fps, where)``: the text one video placeholder becomes and its vision tokens
+    (``None``: the Qwen-VL processors' rule, ``easyr1.data.lengths.video_placeholder``).
+    ``engine_token_map(config, tokenizer)``: token ids the rollout engine writes in its expanded prompt where the
+    processor writes another (engine id -> trainer id), for the check that both expanded a prompt alike.
+    ``token_types(input_ids, config)``: extra forward keyword arguments computed from the (expanded, padded or
+    packed) ids, which the model builds its attention masks from (Gemma 3's ``token_type_ids``, 1 on image tokens:
+    each image block attends to itself bidirectionally); the forward then passes the model no explicit mask of its
+    own and shares no prompts, since either would replace those masks (``None``: plain causal attention).
+    ``checkpoint_name(name)``: a weight's name as the family's checkpoints spell it (and vLLM, which loads them,
+    expects), given the name transformers holds in memory or writes, where those drop a level the checkpoints have
+    (``None``: the names as they are)."""
 
     model_type: str
     name: str
     vision_modules: tuple[str, ...] = ()
     placeholder_attributes: tuple[str, ...] = ("image_token_id", "video_token_id")
+    placeholder_tokenizer_attributes: tuple[str, ...] = ()
     mrope: bool = False
     dummy_image: Callable[[nn.Module, torch.device | str], dict[str, torch.Tensor]] | None = None
     expansion_matches: Callable[[Sequence[int], Sequence[int], Any, Any], bool] = qwen_expansion_matches
+    image_tokens: Callable[[Any, int, int, int], tuple[int, int]] = qwen_image_tokens
+    video_placeholder: Callable[[Any, int, int, int, float, str], tuple[str, int]] | None = None
+    engine_token_map: Callable[[Any, Any], dict[int, int]] | None = None
     image_text: Callable[[Any], str] | None = None
     token_types: Callable[[torch.Tensor, Any], dict[str, torch.Tensor]] | None = None
     checkpoint_name: Callable[[str], str] | None = None
@@ -166,11 +186,15 @@ class Family:
         if self.checkpoint_name is not None:
             rename_safetensors(Path(directory), self.checkpoint_name)
 
-    def placeholder_token_ids(self, config: Any) -> list[int]:
-        """The vision placeholder token ids of a transformers ``config`` of this family."""
+    def placeholder_token_ids(self, config: Any, tokenizer: Any = None) -> list[int]:
+        """The vision placeholder token ids of a transformers ``config`` of this family (and of its ``tokenizer``,
+        for the placeholders only the tokenizer names)."""
+        values = [getattr(config, attribute, None) for attribute in self.placeholder_attributes]
+        if tokenizer is not None:
+            named = (getattr(tokenizer, attribute, None) for attribute in self.placeholder_tokenizer_attributes)
+            values += [tokenizer.convert_tokens_to_ids(token) for token in named if token is not None]
         ids = []
-        for attribute in self.placeholder_attributes:
-            value = getattr(config, attribute, None)
+        for value in values:
             if value is not None and int(value) not in ids:
                 ids.append(int(value))
         return ids
