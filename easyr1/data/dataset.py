@@ -268,11 +268,12 @@ class RLDataset(torch.utils.data.Dataset):
         self.mrope: MRopeSettings | None = None
         self.model_config = model_config
         if processor is not None and getattr(processor, "image_processor", None) is not None:
-            self.bounds = vision_bounds(processor, min_pixels, max_pixels)
-            self.processor_bounds = vision_bounds(processor)
-            self.video_bounds = video_bounds(self.bounds, video_max_pixels)
             if model_config is None:  # the tokenizer's directory is the model's (tests build datasets this way)
                 self.model_config = load_model_config(tokenizer.name_or_path)
+            frames = family_of(self.model_config).pixel_bounds_frames
+            self.bounds = vision_bounds(processor, min_pixels, max_pixels, frames=frames)
+            self.processor_bounds = vision_bounds(processor, frames=frames)
+            self.video_bounds = video_bounds(self.bounds, video_max_pixels)
             if is_mrope_config(self.model_config):
                 self.mrope = MRopeSettings.from_model_config(self.model_config)
 
@@ -510,6 +511,9 @@ class RLDataset(torch.utils.data.Dataset):
             )
         except ValueError as error:
             raise DataError(f"{row.where}: {error}") from error
+        adapt = family_of(self.model_config).forward_vision_inputs if multi_modal_inputs else None
+        if adapt is not None:  # positions above read the processor's own grids; the model's forward gets these
+            multi_modal_inputs = adapt(input_ids, multi_modal_inputs, self.mrope)
         return {
             "input_ids": padded_ids,
             "attention_mask": attention_mask,

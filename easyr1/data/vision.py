@@ -57,11 +57,15 @@ class VisionBounds:
             )
 
 
-def vision_bounds(processor: Any, min_pixels: int | None = None, max_pixels: int | None = None) -> VisionBounds:
+def vision_bounds(
+    processor: Any, min_pixels: int | None = None, max_pixels: int | None = None, frames: int = 1
+) -> VisionBounds:
     """The image size bounds for ``processor``, narrowed to the dataset's ``min_pixels`` / ``max_pixels``; sides a
     multiple of patch size x merge size (1 for a tiling processor, which has no patch grid).
 
-    Using the overlap of both ranges keeps the processor's resize a no-op. Raises DataError when they do not
+    Using the overlap of both ranges keeps the processor's resize a no-op. ``frames``: how many frames the
+    processor's own bounds count (``Family.pixel_bounds_frames``; GLM-4.1V's bound a temporal patch of two copies
+    of the image), so its bounds are divided by it to bound one image. Raises DataError when the ranges do not
     overlap, naming the value to change.
     """
     image_processor = getattr(processor, "image_processor", processor)
@@ -72,6 +76,7 @@ def vision_bounds(processor: Any, min_pixels: int | None = None, max_pixels: int
     size = getattr(image_processor, "size", None) or {}
     proc_min = int(size.get("shortest_edge") or getattr(image_processor, "min_pixels", None) or factor * factor)
     proc_max = int(size.get("longest_edge") or getattr(image_processor, "max_pixels", None) or 1 << 62)
+    proc_min, proc_max = -(-proc_min // frames), proc_max // frames
     low = proc_min if min_pixels is None else max(int(min_pixels), proc_min)
     high = proc_max if max_pixels is None else min(int(max_pixels), proc_max)
     if low > high:

@@ -1,6 +1,7 @@
-"""Position ids for Qwen-VL models: multimodal rotary ("m-rope") indices and their text-position companion.
+"""Position ids for Qwen-VL-style models: multimodal rotary ("m-rope") indices and their text-position companion.
 
-Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3.5 (Qwen3-VL's rule) rotate queries and keys with three position streams
+Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5 (Qwen3-VL's rule) and GLM-4.1V (Qwen3-VL's rule, its video frames written
+with image tokens) rotate queries and keys with three position streams
 (temporal, height, width). Text tokens advance all three together; the tokens of an image or video frame get a grid of
 (t, h, w) positions that starts where the text left off, and the text after it continues from the largest
 position used so far plus one. This is the rule the checkpoints were trained with and the one vLLM uses
@@ -29,24 +30,51 @@ class MRopeSettings:
     spatial_merge_size: int = 2
     # Qwen2.5-VL: a video's temporal positions step by tokens_per_second * seconds_per_grid; None means 1 per grid.
     tokens_per_second: float | None = None
-    # Qwen3-VL: every video frame is its own (1, h, w) grid, separated from the next by timestamp text.
+    # Qwen3-VL, GLM-4.1V: every video frame is its own (1, h, w) grid, separated from the next by timestamp text.
     frames_as_separate_grids: bool = False
+    # GLM-4.1V: video frames are image tokens; those between these two tokens (begin / end of video) are video frames.
+    video_start_token_id: int | None = None
+    video_end_token_id: int | None = None
 
     @classmethod
     def from_model_config(cls, config: Any) -> MRopeSettings:
-        """Read the settings from a transformers Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 config (or a look-alike).
+        """Read the settings from a transformers config of an m-rope family (or a look-alike); how videos are
+        placed is the family's (``Family.video_timed_grids``, ``video_frames_as_grids``, ``video_frame_markers``)."""
+        from easyr1.models.families import family_of
 
-        Qwen3.5 (``qwen3_5``) follows Qwen3-VL: video frames as separate grids, no tokens_per_second."""
+        family = family_of(config)
         vision = config.vision_config
-        model_type = str(getattr(config, "model_type", ""))
-        tokens_per_second = getattr(vision, "tokens_per_second", None) if model_type.startswith("qwen2_5") else None
+        tokens_per_second = getattr(vision, "tokens_per_second", None) if family.video_timed_grids else None
+        start, end = (None, None)
+        if family.video_frame_markers is not None:
+            start, end = (int(getattr(config, attribute)) for attribute in family.video_frame_markers)
         return cls(
             image_token_id=int(config.image_token_id),
             video_token_id=int(config.video_token_id),
             spatial_merge_size=int(vision.spatial_merge_size),
             tokens_per_second=tokens_per_second,
-            frames_as_separate_grids=model_type.startswith("qwen3"),
+            frames_as_separate_grids=family.video_frames_as_grids,
+            video_start_token_id=start,
+            video_end_token_id=end,
         )
+
+    def token_kinds(self, tokens: Sequence[int]) -> list[str | None]:
+        """Per token: ``"image"``, ``"video"`` or ``None`` (text). By token id, except where video frames are image
+        tokens (``video_start_token_id``): then an image token inside a begin/end-of-video span is a video frame."""
+        kinds: list[str | None] = []
+        in_video = False
+        for token in tokens:
+            if self.video_start_token_id is not None and token == self.video_start_token_id:
+                in_video = True
+            elif self.video_end_token_id is not None and token == self.video_end_token_id:
+                in_video = False
+            if token == self.image_token_id:
+                kinds.append("video" if in_video else "image")
+            elif token == self.video_token_id:
+                kinds.append("video")
+            else:
+                kinds.append(None)
+        return kinds
 
 
 def is_mrope_config(config: Any) -> bool:
@@ -105,30 +133,30 @@ def get_rope_index(
         else:
             step = settings.tokens_per_second * second if settings.tokens_per_second is not None else 1.0
             video_grids.append((t, h // merge, w // merge, step))
-    pending = {settings.image_token_id: iter(image_grids), settings.video_token_id: iter(video_grids)}
-    names = {settings.image_token_id: "image", settings.video_token_id: "video"}
+    pending = {"image": iter(image_grids), "video": iter(video_grids)}
+    kinds = settings.token_kinds(tokens)
 
     pieces: list[torch.Tensor] = []
     next_position = 0
     position = 0
     while position < len(tokens):
-        token = tokens[position]
-        if token not in pending:
+        kind = kinds[position]
+        if kind is None:
             run_end = position
-            while run_end < len(tokens) and tokens[run_end] not in pending:
+            while run_end < len(tokens) and kinds[run_end] is None:
                 run_end += 1
             pieces.append(torch.arange(next_position, next_position + run_end - position).expand(3, -1))
             next_position += run_end - position
             position = run_end
             continue
-        grid = next(pending[token], None)
+        grid = next(pending[kind], None)
         if grid is None:
-            raise ValueError(f"the sequence has more {names[token]} tokens than the {names[token]} grids describe")
+            raise ValueError(f"the sequence has more {kind} tokens than the {kind} grids describe")
         t, h, w, step = grid
         size = t * h * w
-        if tokens[position : position + size] != [token] * size:
+        if kinds[position : position + size] != [kind] * size or len(set(tokens[position : position + size])) != 1:
             raise ValueError(
-                f"{names[token]} tokens do not match the grid {t}x{h}x{w} (merged): expected {size} consecutive "
+                f"{kind} tokens do not match the grid {t}x{h}x{w} (merged): expected {size} consecutive "
                 f"tokens at position {position}"
             )
         temporal = (torch.arange(t, dtype=torch.float64) * step).long()
@@ -142,9 +170,9 @@ def get_rope_index(
         pieces.append(grid_positions + next_position)
         next_position = int(pieces[-1].max()) + 1
         position += size
-    for token, remaining in pending.items():
+    for kind, remaining in pending.items():
         if next(remaining, None) is not None:
-            raise ValueError(f"the sequence has fewer {names[token]} tokens than the {names[token]} grids describe")
+            raise ValueError(f"the sequence has fewer {kind} tokens than the {kind} grids describe")
 
     positions = torch.zeros(3, input_ids.shape[0], dtype=torch.long)
     if pieces:

@@ -45,6 +45,7 @@ from easyr1.engines import engine_traits
 from easyr1.envs import IMAGE_MARKER, Environment, Observation, build_environment
 from easyr1.errors import EnvError
 from easyr1.logging.timing import timed
+from easyr1.models.families import family_of
 from easyr1.models.loading import pad_token_id
 from easyr1.models.rope import MRopeSettings, is_mrope_config, prompt_position_ids
 from easyr1.protocol import Batch
@@ -156,7 +157,10 @@ class MultiTurnStage:
     def __init__(self, config: PPOConfig, workers: Any, tokenizer: Any, processor: Any, model_config: Any) -> None:
         self.config, self.env, self.workers, self.tokenizer = config, config.env, workers, tokenizer
         has_images = processor is not None and getattr(processor, "image_processor", None) is not None
-        bounds = vision_bounds(processor, config.data.min_pixels, config.data.max_pixels) if has_images else None
+        bounds = None
+        if has_images:
+            frames = family_of(model_config).pixel_bounds_frames
+            bounds = vision_bounds(processor, config.data.min_pixels, config.data.max_pixels, frames=frames)
         chat_template = None
         if config.data.override_chat_template:
             from easyr1.data.prompt import load_chat_template

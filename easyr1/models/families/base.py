@@ -136,7 +136,16 @@ class Family:
     own and shares no prompts, since either would replace those masks (``None``: plain causal attention).
     ``checkpoint_name(name)``: a weight's name as the family's checkpoints spell it (and vLLM, which loads them,
     expects), given the name transformers holds in memory or writes, where those drop a level the checkpoints have
-    (``None``: the names as they are)."""
+    (``None``: the names as they are).
+    How m-rope (``mrope``) places a video: ``video_timed_grids``: a video is one (t, h, w) grid whose temporal
+    positions step by ``vision_config.tokens_per_second`` x its seconds per grid (Qwen2.5-VL);
+    ``video_frames_as_grids``: each frame is its own (1, h, w) grid (Qwen3-VL, GLM-4.1V); neither: one grid stepping
+    by 1 (Qwen2-VL). ``video_frame_markers``: the config attributes of the tokens opening and closing a video, for
+    families whose video frames are image placeholder tokens (GLM-4.1V): the image tokens between them are video
+    frames. ``pixel_bounds_frames``: how many frames the image processor's pixel bounds (``size``) count, 1 for
+    most, the temporal patch for GLM-4.1V, whose processor bounds two copies of each image.
+    ``forward_vision_inputs(input_ids, inputs, settings)``: one row's processor tensors rewritten into those the
+    model's forward takes (``None``: as they are; GLM-4.1V passes video frames as images, see its module)."""
 
     model_type: str
     name: str
@@ -144,7 +153,12 @@ class Family:
     placeholder_attributes: tuple[str, ...] = ("image_token_id", "video_token_id")
     placeholder_tokenizer_attributes: tuple[str, ...] = ()
     mrope: bool = False
+    video_timed_grids: bool = False
+    video_frames_as_grids: bool = False
+    video_frame_markers: tuple[str, str] | None = None
+    pixel_bounds_frames: int = 1
     dummy_image: Callable[[nn.Module, torch.device | str], dict[str, torch.Tensor]] | None = None
+    forward_vision_inputs: Callable[[torch.Tensor, dict[str, torch.Tensor], Any], dict[str, Any]] | None = None
     expansion_matches: Callable[[Sequence[int], Sequence[int], Any, Any], bool] = qwen_expansion_matches
     image_tokens: Callable[[Any, int, int, int], tuple[int, int]] = qwen_image_tokens
     video_placeholder: Callable[[Any, int, int, int, float, str], tuple[str, int]] | None = None

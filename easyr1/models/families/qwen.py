@@ -13,6 +13,9 @@ def _qwen_vl(model_type: str, name: str) -> Family:
         name=name,
         vision_modules=QWEN_VISION_MODULES,
         mrope=True,
+        # Qwen2.5-VL steps a video's temporal positions by time; Qwen3-VL and Qwen3.5 give every frame its own grid
+        video_timed_grids=model_type.startswith("qwen2_5"),
+        video_frames_as_grids=model_type.startswith("qwen3"),
         dummy_image=qwen_dummy_image,
     )
 
