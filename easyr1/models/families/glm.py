@@ -156,6 +156,10 @@ def _tiny_config(tokenizer: Any, shape: Any) -> Any:
         "eos_token_id": eos_id,
         "pad_token_id": pad_id,
         "tie_word_embeddings": False,  # vLLM reads the text config's flag, transformers the top-level one: equal
+        # transformers always gives q/k/v a bias; vLLM builds (and loads) one only when this key says so, as the
+        # released config.json does. Without it vLLM drops the biases: invisible while they are the initial zeros,
+        # 0.5 in log-prob once training moves them.
+        "attention_bias": True,
         "dtype": "float32",
     }
     vision = {
