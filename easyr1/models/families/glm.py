@@ -1,13 +1,20 @@
 """GLM-4.1V (``glm4v``): Qwen-VL-shaped vision inputs (flattened patches + ``grid_thw``, tower under ``visual``)
-and m-rope positions, with two differences the trainer must know.
+and m-rope positions, with three differences the trainer must know.
 
 - Video frames are ``<|image|>`` tokens, each frame wrapped in ``<|begin_of_image|>``/``<|end_of_image|>`` and
   followed by its timestamp as text, the whole video between ``<|begin_of_video|>`` and ``<|end_of_video|>``. A
   token id alone cannot tell a video frame from an image, so the m-rope index takes the image tokens between those
   two markers for video frames (:class:`~easyr1.models.families.base.Family` ``video_frame_markers``); each frame is
   its own (1, h, w) grid, as in Qwen3-VL.
+- transformers 5.19 cannot run images and videos in one forward (it counts every ``<|image|>`` token against the
+  image features), so the dataset hands the forward each row's video frames as images
+  (:func:`video_frames_as_images`, ``Family.forward_vision_inputs``); positions are computed before, from the
+  processor's own grids. The engines get the raw prompt and frames as before.
 - The image processor bounds the pixels of a temporal patch (two copies of the image), not of the image
   (``pixel_bounds_frames``), so the dataset halves its size bounds to size images the way the processor will.
+- vLLM gives q/k/v their biases only with ``attention_bias: true`` in the text config (transformers always has
+  them), and otherwise drops the checkpoint's biases without a word; the tiny config sets it, as GLM-4.5V's
+  released config does.
 
 The begin/end markers are banned from sampling along with the placeholders: a sampled ``<|begin_of_video|>`` would
 turn the next image of a multi-turn prompt into "video frames".
@@ -156,9 +163,8 @@ def _tiny_config(tokenizer: Any, shape: Any) -> Any:
         "eos_token_id": eos_id,
         "pad_token_id": pad_id,
         "tie_word_embeddings": False,  # vLLM reads the text config's flag, transformers the top-level one: equal
-        # transformers always gives q/k/v a bias; vLLM builds (and loads) one only when this key says so, as the
-        # released config.json does. Without it vLLM drops the biases: invisible while they are the initial zeros,
-        # 0.5 in log-prob once training moves them.
+        # transformers always gives q/k/v a bias; vLLM builds (and loads) one only when this key says so. Without it
+        # vLLM drops the biases: invisible while they are the initial zeros, 0.5 in log-prob once training moves them.
         "attention_bias": True,
         "dtype": "float32",
     }
