@@ -492,3 +492,15 @@ def test_vllm_and_actor_log_probs_agree_on_every_row_kind(model_dir, mixed_dir):
                 }
     print(f"glm4v max |actor - vLLM| log-prob per row kind: {report}")
     assert all(value < GAP_LIMIT for per_kind in report.values() for value in per_kind.values()), report
+
+
+def test_the_config_checks_accept_glm4v_and_name_it_among_the_supported(model_dir):
+    from test_config import SMALL
+
+    from easyr1.config import check_against_model, load_config
+    from easyr1.errors import ConfigError
+
+    config = load_config([*SMALL, f"worker.actor.model.model_path={model_dir}"])
+    check_against_model(config, json.loads((model_dir / "config.json").read_text()))
+    with pytest.raises(ConfigError, match=r"glm4v \(GLM-4\.1V\)"):
+        check_against_model(config, {"model_type": "glm4v_moe", "text_config": {"max_position_embeddings": 8192}})
