@@ -17,6 +17,7 @@ from tqdm import tqdm
 from easyr1.algorithms.logits import BANNED_TOKEN_BIAS
 from easyr1.engines.base import SamplingSettings, StopRule, is_active, pack_continued, partial_of, stop_position
 from easyr1.engines.registry import EngineSetup, EngineTraits, register_engine
+from easyr1.models.rope import extend_position_ids
 from easyr1.protocol import Batch, merge_vision_inputs
 
 
@@ -91,8 +92,16 @@ class HFEngine:
         prompt = prompts.index([row])
         mask = prompt["attention_mask"][0].bool()
         input_ids = prompt["input_ids"][:, mask]
+        # The dataset's positions, which the actor scores with: left to itself, transformers' generate would place
+        # the vision tokens by its own rule (5.19's Qwen-VL models need mm_token_type_ids for m-rope, which the
+        # prompts do not carry, and give plain text positions without them). Each new token continues after the
+        # last position in every row, as extend_position_ids does after a prompt that ends in text.
+        positions = prompt["position_ids"][..., mask]
         if partial_ids:  # the partial response becomes part of the prompt; the model sees one sequence
             input_ids = torch.cat([input_ids, torch.tensor([partial_ids], dtype=input_ids.dtype)], dim=-1)
+            positions = extend_position_ids(positions, len(partial_ids))
+        if positions.dim() == 3:  # (1, 4, L) -> (4, 1, L), the layout the model's forward takes (as the actor's)
+            positions = positions.transpose(0, 1).contiguous()
         input_ids = input_ids.to(self.device)
         vision = merge_vision_inputs(prompt["multi_modal_inputs"]) if "multi_modal_inputs" in prompt else {}
         generator_state = torch.random.get_rng_state()
@@ -101,6 +110,7 @@ class HFEngine:
             output = self.model.generate(
                 input_ids=input_ids,
                 attention_mask=torch.ones_like(input_ids),
+                position_ids=positions.to(self.device),
                 **{key: value.to(self.device) for key, value in vision.items()},
                 do_sample=not sampling.greedy,
                 temperature=sampling.temperature if not sampling.greedy else None,
