@@ -63,7 +63,7 @@ test-fast: install
 
 # issue 33's harness: every model family's tiny model through packing, both engines, the placeholder ban, LoRA, export,
 # the planner and 3-step GRPO runs; prints the family x check table and ends with `families: <passed>/<total> pass`
-# (easyr1/tools/check_families.py); ~25 minutes on 2 cores. FAMILY=NAME checks one family.
+# (easyr1/tools/check_families.py); 14-27 minutes on 2 shared cores. FAMILY=NAME checks one family.
 check-families: install
 	PYTHONPATH=$$PWD $(PYTHON) -m easyr1.tools.check_families $(if $(FAMILY),--family $(FAMILY))
 
