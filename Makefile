@@ -6,7 +6,7 @@ export OMP_NUM_THREADS ?= 1
 # compile torch, transformers, vLLM and easyr1 from source again, ~10 s each.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install install-gpu demo demo-agent demo-async demo-judge test test-fast bench-faults bench-faults-async bench-async bench-demo-judge quality style clean
+.PHONY: install install-gpu demo demo-agent demo-async demo-judge test test-fast check-families bench-faults bench-faults-async bench-async bench-demo-judge quality style clean
 
 install:
 	bash scripts/install_cpu.sh
@@ -60,6 +60,12 @@ test: install
 # The tests that start no Ray, no vLLM engine and no training run (markers: pyproject.toml); a few minutes.
 test-fast: install
 	EASYR1_TEST_TIER=fast $(PYTHON) -m pytest tests -q -m "not ray and not vllm and not e2e"
+
+# issue 33's harness: every model family's tiny model through packing, both engines, the placeholder ban, LoRA, export,
+# the planner and 3-step GRPO runs; prints the family x check table and ends with `families: <passed>/<total> pass`
+# (easyr1/tools/check_families.py); 14-27 minutes on 2 shared cores. FAMILY=NAME checks one family.
+check-families: install
+	PYTHONPATH=$$PWD $(PYTHON) -m easyr1.tools.check_families $(if $(FAMILY),--family $(FAMILY))
 
 # kill -9 of the whole CPU demo job at ten seeded moments (checkpoint writes, generation, update, validation, an agent
 # run), each resumed and compared with an uninterrupted run (bench/README.md); 15-30 minutes on 2 cores. SEED=N.

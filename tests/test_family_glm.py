@@ -354,9 +354,13 @@ def test_hf_engine_and_actor_log_probs_agree_on_every_row_kind(model_dir, mixed_
     report = {kind: max(float(gaps[row]) for row in range(len(kinds)) if kinds[row] == kind) for kind in set(kinds)}
     print(f"glm4v max |actor - HF engine| log-prob per row kind: {report}")
     assert max(report.values()) < GAP_LIMIT, report
-    # The control: generate without the token types places vision tokens at text positions, far off on vision rows.
-    engine.mrope = False
-    shifted = engine.generate(prompts, sampling, seeds=list(range(len(prompts))))
+    # The control: an engine placing vision tokens at text positions (what transformers' generate does on its own
+    # without mm_token_type_ids) samples far off the actor on vision rows.
+    text_positions = ((prompts["attention_mask"].cumsum(-1) - 1) * prompts["attention_mask"]).clamp(min=0)
+    wrong = prompts.index(list(range(len(prompts))))
+    wrong["position_ids"] = text_positions.unsqueeze(1).expand_as(prompts["position_ids"]).clone()
+    shifted = engine.generate(wrong, sampling, seeds=list(range(len(prompts))))
+    shifted["position_ids"] = batch["position_ids"]  # the actor scores with the right positions
     with torch.no_grad():
         log_probs, _ = response_log_probs(model, shifted, 1.0, padding_free=True)
     off = ((log_probs - shifted["rollout_log_probs"]).abs() * shifted["response_mask"]).amax(dim=-1)

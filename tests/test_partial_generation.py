@@ -25,9 +25,9 @@ from easyr1.workers.actor import response_log_probs
 
 MAX_PROMPT_LENGTH = 128
 MAX_TOKENS = 24
-# fp32 on both sides; the HF engine's sampling path (generate's cache, sequence_bias) stays within 5e-3 of the actor
-# on this model whatever the call (tests/test_rollout.py)
-GAP_LIMIT = {"VLLMEngine": 1e-4, "HFEngine": 5e-3}
+# fp32 on both sides; both engines sample at the dataset's positions, the ones the actor scores with (the HF engine
+# once placed image tokens at text positions: a gap of ~3e-3 on this model)
+GAP_LIMIT = {"VLLMEngine": 1e-4, "HFEngine": 1e-4}
 
 
 def test_stop_position_waits_for_the_quota_of_groups_and_the_rows_that_must_finish():

@@ -55,8 +55,9 @@ def workers(request, tiny_qwen2_5_vl_dir, tiny_dataset_dir):
     group.shutdown()
 
 
-# The HF engine decodes with a KV cache and sdpa kernels that differ from the full forward; vLLM matches exactly.
-GAP_LIMIT = {"vllm": 1e-3, "hf": 5e-3}
+# Both engines sample at the dataset's positions, the ones the actor scores with (fp32; the HF engine once placed
+# image tokens at text positions, a gap of ~3e-3 on this model, which a looser bound here had let through).
+GAP_LIMIT = {"vllm": 1e-3, "hf": 1e-3}
 
 
 def test_image_prompts_log_probs_match_and_follow_updates(workers, tiny_qwen2_5_vl_dir, tiny_dataset_dir):

@@ -18,6 +18,7 @@ from easyr1.algorithms.logits import BANNED_TOKEN_BIAS
 from easyr1.engines.base import SamplingSettings, StopRule, is_active, pack_continued, partial_of, stop_position
 from easyr1.engines.registry import EngineSetup, EngineTraits, register_engine
 from easyr1.models.families import family_of
+from easyr1.models.rope import extend_position_ids
 from easyr1.protocol import Batch, merge_vision_inputs
 
 
@@ -46,20 +47,6 @@ class HFEngine:
         self.pad_token_id = pad_token_id
         self.eos_token_ids = eos_token_ids
         self.sequence_bias = {(token,): BANNED_TOKEN_BIAS for token in banned_token_ids} or None
-        from easyr1.models.rope import is_mrope_config
-
-        self.mrope = is_mrope_config(self.model.config)
-
-    def _token_types(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """transformers' ``mm_token_type_ids`` for m-rope models (1 image token, 2 video token, 0 text): without them
-        ``generate`` places vision tokens at text positions, and the rollout's log-probs move off the actor's (by
-        about 2e-3 on the tiny Qwen2.5-VL). By token id, like the inputs the forward gets: a family that passes
-        video frames as images (GLM-4.1V) has its frames typed as images, with their grids among the images'."""
-        config = self.model.config
-        types = torch.zeros_like(input_ids)
-        types[input_ids == config.image_token_id] = 1
-        types[input_ids == config.video_token_id] = 2
-        return types
 
     @torch.no_grad()
     def generate(
@@ -106,20 +93,27 @@ class HFEngine:
         prompt = prompts.index([row])
         mask = prompt["attention_mask"][0].bool()
         input_ids = prompt["input_ids"][:, mask]
+        # The dataset's positions, which the actor scores with: left to itself, transformers' generate would place
+        # the vision tokens by its own rule (5.19's Qwen-VL models need mm_token_type_ids for m-rope, which the
+        # prompts do not carry, and give plain text positions without them). Each new token continues after the
+        # last position in every row, as extend_position_ids does after a prompt that ends in text.
+        positions = prompt["position_ids"][..., mask]
         if partial_ids:  # the partial response becomes part of the prompt; the model sees one sequence
             input_ids = torch.cat([input_ids, torch.tensor([partial_ids], dtype=input_ids.dtype)], dim=-1)
+            positions = extend_position_ids(positions, len(partial_ids))
+        if positions.dim() == 3:  # (1, 4, L) -> (4, 1, L), the layout the model's forward takes (as the actor's)
+            positions = positions.transpose(0, 1).contiguous()
         input_ids = input_ids.to(self.device)
         vision = merge_vision_inputs(prompt["multi_modal_inputs"]) if "multi_modal_inputs" in prompt else {}
         # the prompt's token types (Gemma 3's bidirectional image blocks), as the trainer's forward computes them
         vision.update(family_of(self.model.config).token_type_inputs(input_ids, self.model.config))
-        if vision and self.mrope:
-            vision["mm_token_type_ids"] = self._token_types(input_ids)
         generator_state = torch.random.get_rng_state()
         torch.manual_seed(seed)
         try:
             output = self.model.generate(
                 input_ids=input_ids,
                 attention_mask=torch.ones_like(input_ids),
+                position_ids=positions.to(self.device),
                 **{key: value.to(self.device) for key, value in vision.items()},
                 do_sample=not sampling.greedy,
                 temperature=sampling.temperature if not sampling.greedy else None,
