@@ -140,8 +140,7 @@ def merge_to_huggingface(component_dir: str | os.PathLike, target_dir: str | os.
     shutil.copytree(metadata_dir, staging, ignore=shutil.ignore_patterns(ADAPTER_CONFIG, *_WEIGHT_FILES))
     saved_generation = staging / "generation_config.json"
     generation_config = saved_generation.read_bytes() if saved_generation.exists() else None
-    model.save_pretrained(staging, safe_serialization=True)
-    family_of(config).rename_saved_weights(staging)  # the names the family's real checkpoints (and vLLM) use
+    family_of(config).save_pretrained(model, staging)  # checkpoint names and layout (vLLM loads them)
     if generation_config is not None:  # the run's generation config, not one derived from the model config
         saved_generation.write_bytes(generation_config)
     fsync_tree(staging)

@@ -62,6 +62,11 @@ class ModelConfig:
     enable_gradient_checkpointing: bool = option(True, "recompute activations in the backward pass to save memory")
     trust_remote_code: bool = option(False, "allow model code shipped in the model directory")
     freeze_vision_tower: bool = option(False, "keep the vision encoder's weights fixed")
+    router_aux_loss_coef: float = option(
+        0.0,
+        "mixture-of-experts models (qwen3_vl_moe): weight of the routers' load-balancing loss added to the actor's "
+        "loss (0: off, as EasyR1; transformers' pre-training default is 0.001)",
+    )
     lora: LoraConfig = section(LoraConfig, "LoRA adapters")
 
 
@@ -272,6 +277,7 @@ ACTOR_RANGES = {
     "tau_negative": POSITIVE,
     "ulysses_size": AT_LEAST_ONE,
     "model.lora.rank": NON_NEGATIVE,
+    "model.router_aux_loss_coef": NON_NEGATIVE,
     "optim.lr": POSITIVE,
     "optim.betas": (lambda v: all(0 <= b < 1 for b in v), "in [0, 1)"),
     "optim.weight_decay": NON_NEGATIVE,

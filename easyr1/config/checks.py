@@ -18,7 +18,7 @@ from easyr1.config.env import EnvConfig
 from easyr1.config.rollout import RolloutConfig
 from easyr1.config.trainer import TrainerConfig
 from easyr1.engines import ENGINES, engine_traits
-from easyr1.models.families import unsupported_model_problem
+from easyr1.models.families import family_of, unsupported_model_problem
 from easyr1.models.linear_attention import has_linear_attention
 
 
@@ -223,7 +223,7 @@ def model_problems(
     """What does not fit the model's ``config.json`` (``model_config``): a model type outside the supported
     families (then that is the only problem returned), sequence lengths beyond ``max_position_embeddings``, a
     tensor-parallel size that does not divide the attention heads, a vision setting with a text-only model, vLLM
-    without chunked prefill for a model with linear-attention layers."""
+    without chunked prefill for a model with linear-attention layers, a router loss for a model without routers."""
     # The user's override_config wins over the file, as it does when the model is loaded.
     model_config = {**model_config, **model.override_config}
     model_path = model.model_path
@@ -262,5 +262,10 @@ def model_problems(
         problems.append(
             f"worker.actor.model.freeze_vision_tower=true but the model ({model_path}) has no vision tower; "
             "set it to false"
+        )
+    if model.router_aux_loss_coef and not family_of(model_config).router_aux_loss:
+        problems.append(
+            f"worker.actor.model.router_aux_loss_coef={model.router_aux_loss_coef} but the model ({model_path}, "
+            f"model_type={model_config.get('model_type')}) has no mixture-of-experts router; set it to 0"
         )
     return problems

@@ -501,8 +501,7 @@ def build_tiny_model(
     pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     stops = [eos_id, pad_id, *range(stop_tokens)]
     model.generation_config = GenerationConfig(bos_token_id=pad_id, eos_token_id=stops, pad_token_id=pad_id)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    family_of(config).rename_saved_weights(out_dir)  # the names the family's real checkpoints (and vLLM) use
+    family_of(config).save_pretrained(model, out_dir)  # the names and layout the family's checkpoints have
     if processor is not None:
         processor.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)

@@ -30,6 +30,7 @@ from easyr1.algorithms.logits import banned_token_bias, compile_allowed
 from easyr1.algorithms.rollout_correction import TOKEN_MEAN_METRICS, CorrectionSettings, rollout_correction
 from easyr1.models.families import family_of, forward_token_types
 from easyr1.models.linear_attention import has_linear_attention
+from easyr1.models.moe import load_balancing_loss, moe_settings, recorded_router_logits
 from easyr1.models.vision_tower import vision_keepalive
 from easyr1.protocol import Batch, merge_vision_inputs
 from easyr1.workers.packing import (
@@ -387,11 +388,14 @@ class Actor:
             tau_negative=config.tau_negative,
         )
         on_policy = log_prob_parts is not None
+        model_config = getattr(config, "model", None)
+        router_aux_loss_coef = float(getattr(model_config, "router_aux_loss_coef", 0.0) or 0.0)
 
         def micro_loss(rows: list[int], micro: Batch, norm: dict[str, float], sums: dict[str, float]) -> torch.Tensor:
             world_size = norm["world_size"]
             micro_mask = micro["response_mask"]
-            log_probs, entropy = self._log_probs(micro, temperature, with_entropy=True)
+            with recorded_router_logits(self.model) if router_aux_loss_coef else nullcontext() as router_logits:
+                log_probs, entropy = self._log_probs(micro, temperature, with_entropy=True)
             # on-policy: the policy has not changed since the rollout, so this forward's values are the old ones
             old_log_probs = log_probs.detach() if on_policy else micro["old_log_probs"]
             if on_policy:
@@ -426,6 +430,12 @@ class Actor:
             if config.entropy_coeff:
                 entropy_loss = aggregate_loss(entropy, loss_mask, config.loss_agg_mode, **norm)
                 loss = loss - config.entropy_coeff * entropy_loss
+            if router_aux_loss_coef:
+                # the micro-batch's load-balancing loss, weighted by its share of the mini-batch's response tokens
+                # as the metrics are: the update's term is the token-weighted mean over the micro-batches
+                aux_loss = load_balancing_loss(router_logits, *moe_settings(self.model), micro["attention_mask"])
+                loss = loss + router_aux_loss_coef * share * aux_loss
+                sums["actor/router_aux_loss"] += aux_loss.item() * share
             # Every metric is this worker's share of a global mean, scaled by the world size (like the losses), so
             # the driver's mean over workers is the exact mean over the whole mini-batch.
             sums["actor/pg_loss"] += pg_loss.item()

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from easyr1.models.families import gemma, glm, internvl, qwen
+from easyr1.models.families import gemma, glm, internvl, qwen, qwen3_vl_moe
 from easyr1.models.families.base import QWEN_VISION_MODULES, Family, TinyRecipe, qwen_dummy_image
 
 
@@ -28,7 +28,7 @@ __all__ = [
     "unsupported_model_problem",
 ]
 
-_MODULES = (qwen, internvl, gemma, glm)
+_MODULES = (qwen, internvl, gemma, glm, qwen3_vl_moe)
 FAMILIES: dict[str, Family] = {family.model_type: family for module in _MODULES for family in module.FAMILIES}
 # A config of no supported model_type (a look-alike in tests, a reward model) is taken for a Qwen-VL model when it
 # has a vision config and an image token, else for a text-only one.

@@ -145,7 +145,13 @@ class Family:
     frames. ``pixel_bounds_frames``: how many frames the image processor's pixel bounds (``size``) count, 1 for
     most, the temporal patch for GLM-4.1V, whose processor bounds two copies of each image.
     ``forward_vision_inputs(input_ids, inputs, settings)``: one row's processor tensors rewritten into those the
-    model's forward takes (``None``: as they are; GLM-4.1V passes video frames as images, see its module)."""
+    model's forward takes (``None``: as they are; GLM-4.1V passes video frames as images, see its module).
+    ``checkpoint_transposed``: suffixes of parameter names that transformers keeps with their last two dimensions
+    swapped relative to the checkpoint: transformers 5.19 transposes them on load but its ``save_pretrained`` does not
+    transpose back (its shape check sees the in-memory shape), so the exports (:meth:`save_pretrained`) and the live
+    weight sync into vLLM (which always transposes them on load; :meth:`engine_weights`) swap them back here.
+    ``router_aux_loss``: a mixture-of-experts model whose routers transformers records as ``router_logits`` (a
+    load-balancing loss can be added, ``worker.actor.model.router_aux_loss_coef``)."""
 
     model_type: str
     name: str
@@ -166,6 +172,8 @@ class Family:
     image_text: Callable[[Any], str] | None = None
     token_types: Callable[[torch.Tensor, Any], dict[str, torch.Tensor]] | None = None
     checkpoint_name: Callable[[str], str] | None = None
+    checkpoint_transposed: tuple[str, ...] = ()
+    router_aux_loss: bool = False
     tiny: TinyRecipe | None = field(default=None, compare=False)
 
     @property
@@ -188,11 +196,37 @@ class Family:
         """The forward's extra keyword arguments for ``input_ids`` (``token_types``); ``{}`` for causal families."""
         return {} if self.token_types is None else self.token_types(input_ids, config)
 
+    def checkpoint_layout(self, name: str, tensor: T) -> T:
+        """``tensor`` (the trainer's parameter ``name``) in the checkpoint's layout, the one vLLM loads."""
+        if any(name.endswith(suffix) for suffix in self.checkpoint_transposed):
+            return tensor.transpose(-2, -1)
+        return tensor
+
     def engine_weights(self, named_tensors: Iterable[tuple[str, T]]) -> Iterator[tuple[str, T]]:
-        """``named_tensors`` (transformers' in-memory names) under the names the engine loads
-        (``checkpoint_name``), lazily: the actor's gather yields them one FSDP group at a time."""
+        """``named_tensors`` (transformers' in-memory names and layouts) under the names (``checkpoint_name``) and
+        in the layouts (``checkpoint_transposed``) the engine loads, lazily: the actor's gather yields them one FSDP
+        group at a time."""
         rename = self.checkpoint_name
-        return iter(named_tensors) if rename is None else ((rename(name), tensor) for name, tensor in named_tensors)
+        if rename is None and not self.checkpoint_transposed:
+            return iter(named_tensors)
+        return (
+            (name if rename is None else rename(name), self.checkpoint_layout(name, tensor))
+            for name, tensor in named_tensors
+        )
+
+    def save_pretrained(self, model: nn.Module, out_dir: str | Path) -> None:
+        """``model.save_pretrained(out_dir)`` (safetensors) with the checkpoint's names and layouts, so that vLLM
+        (and transformers) load it as a released checkpoint of the family."""
+        if not self.checkpoint_transposed:
+            model.save_pretrained(out_dir, safe_serialization=True)
+        else:
+            weights = model.state_dict().items()
+            state = {name: self.checkpoint_layout(name, tensor).contiguous() for name, tensor in weights}
+            # transformers' own revert would compare each transposed tensor's shape with the parameter's and
+            # transpose it again; the family's conversion mapping holds only these transposes
+            # (tests/test_family_qwen3_vl_moe.py), so skipping it skips nothing else
+            model.save_pretrained(out_dir, state_dict=state, safe_serialization=True, save_original_format=False)
+        self.rename_saved_weights(out_dir)
 
     def rename_saved_weights(self, directory: str | Path) -> None:
         """Rewrite the safetensors files ``save_pretrained`` wrote into ``directory`` (and their index) with the
