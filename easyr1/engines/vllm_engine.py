@@ -384,7 +384,8 @@ class VLLMEngine:
                 )
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Reload every weight in place (cast to the engine's dtype), then drop caches computed with the old ones.
+        """Reload every weight in place (cast to the engine's dtype, under the checkpoint's names and in its layouts:
+        ``Family.engine_weights``), then drop caches computed with the old ones.
 
         The weights must be awake (:meth:`wake_weights`): writing into a sleeping engine's unmapped memory
         faults, or is overwritten by the stale backup when it wakes.
@@ -397,6 +398,8 @@ class VLLMEngine:
             self.llm.collective_rpc(vllm_cpu_weight_sync.load, args=(cast,))
         else:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": cast})
+            # vLLM-CPU's reload leaves mixture-of-experts weights unpacked for its kernel (see the function)
+            self.llm.collective_rpc(vllm_cpu_weight_sync.repack_cpu_experts)
         self.llm.reset_prefix_cache()
         self.llm.llm_engine.reset_encoder_cache()  # else the next image request fails with an encoder cache miss
         self.weights_discarded = False
