@@ -316,7 +316,9 @@ def test_the_balance_loss_is_transformers_and_the_hand_written_one(model_dir, mi
     assert float(abs(packed - ours)) < 1e-5
 
 
-def _router_update(model_dir, mixed_dir, coef: float) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+def _router_update(
+    model_dir, mixed_dir, coef: float, checkpointing: bool
+) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """One SGD (lr 1) actor update on the mixed batch with ``router_aux_loss_coef=coef``: the weight changes
     (the negated gradient) and the metrics."""
     from helpers import demo_config
@@ -329,6 +331,8 @@ def _router_update(model_dir, mixed_dir, coef: float) -> tuple[dict[str, torch.T
     batch = _scored_batch(model_dir, mixed_dir)
     batch["advantages"] = torch.linspace(-1, 1, batch["responses"].numel()).view_as(batch["responses"])
     model = _model(model_dir)
+    if checkpointing:  # as the worker enables it: the router logits then come from checkpointed layers
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     before = {name: param.detach().clone() for name, param in model.named_parameters()}
     actor = Actor(model, config, torch.optim.SGD(model.parameters(), lr=1.0))
     batch["old_log_probs"] = actor.compute_log_probs(batch, 1.0, 4)
@@ -336,10 +340,11 @@ def _router_update(model_dir, mixed_dir, coef: float) -> tuple[dict[str, torch.T
     return {name: param.detach() - before[name] for name, param in model.named_parameters()}, metrics
 
 
-def test_the_router_loss_adds_its_gradient_to_the_update(model_dir, mixed_dir):
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "gradient_checkpointing"])
+def test_the_router_loss_adds_its_gradient_to_the_update(model_dir, mixed_dir, checkpointing):
     coef = 0.5
-    without, plain_metrics = _router_update(model_dir, mixed_dir, 0.0)
-    with_loss, metrics = _router_update(model_dir, mixed_dir, coef)
+    without, plain_metrics = _router_update(model_dir, mixed_dir, 0.0, checkpointing)
+    with_loss, metrics = _router_update(model_dir, mixed_dir, coef, checkpointing)
     assert "actor/router_aux_loss" not in plain_metrics and metrics["actor/router_aux_loss"] > 0
     # the hand-written loss's gradient on the same (padded) forward, over the valid tokens
     batch = _scored_batch(model_dir, mixed_dir)
@@ -523,3 +528,107 @@ def test_export_reloads_to_the_same_log_probs(process_group, model_dir, tiny_dat
         initial = _model(model_dir)(**inputs).logits
     torch.testing.assert_close(actual, expected, rtol=0, atol=1e-5)
     assert (expected - initial).abs().max() > 1e-2  # the export carries the trained weights
+
+
+# ----------------------------------------------------------------------- routing: engine vs trainer experts
+
+
+@pytest.mark.vllm
+def test_vllm_and_the_trainer_route_every_token_to_the_same_experts(model_dir, mixed_dir):
+    # vLLM's router logits, recorded with forward hooks on its gate layers (an in-process engine, one request at a
+    # time, no prefix caching: prefill rows then one row per decoded token), against the trainer's on the same
+    # tokens. In fp32 the top-k sets agree everywhere; a bf16 engine differs on a few (README: model support).
+    from helpers import single_rank_vllm_world
+    from vllm import LLM, SamplingParams
+
+    from easyr1.engines.vllm_engine import engine_multi_modal_data
+    from easyr1.models.loading import load_model
+    from easyr1.models.moe import recorded_router_logits
+
+    recorded: list[tuple[str, torch.Tensor]] = []
+
+    def hook_gates(worker) -> list[str]:
+        names = []
+        for name, module in worker.model_runner.get_model().named_modules():
+            if name.endswith("mlp.gate"):
+                module.register_forward_hook(
+                    lambda module, inputs, output, name=name: recorded.append(
+                        (name, (output[0] if isinstance(output, tuple) else output).detach().clone())
+                    )
+                )
+                names.append(name)
+        return names
+
+    prompts = prompt_batch(model_dir, mixed_dir, 4, max_prompt_length=96, pixels=64 * 64)
+    config = AutoConfig.from_pretrained(model_dir)
+    banned = family_of(config).placeholder_token_ids(config)
+    response_ids, response_log_probs_, engine_logits = [], [], []
+    with single_rank_vllm_world(VLLM_CPU_KVCACHE_SPACE="1"):
+        llm = LLM(
+            model=str(model_dir),
+            dtype="float32",
+            max_model_len=128,
+            seed=0,
+            enforce_eager=True,
+            distributed_executor_backend="external_launcher",
+            enable_prefix_caching=False,
+            logprobs_mode="processed_logprobs",
+        )
+        layers = llm.collective_rpc(hook_gates)[0]
+        assert len(layers) == config.text_config.num_hidden_layers
+        for row in range(len(prompts)):
+            request = {"prompt_token_ids": list(prompts["raw_prompt_ids"][row])}
+            if prompts["multi_modal_data"][row]:
+                request["multi_modal_data"] = engine_multi_modal_data(prompts["multi_modal_data"][row])
+            params = SamplingParams(
+                temperature=1.0,
+                max_tokens=6,
+                ignore_eos=True,
+                logprobs=0,
+                seed=row,
+                logit_bias=dict.fromkeys(banned, -100.0),
+            )
+            recorded.clear()
+            (completion,) = llm.generate([request], [params], use_tqdm=False)[0].outputs
+            response_ids.append(list(completion.token_ids))
+            response_log_probs_.append([step[t].logprob for step, t in zip(completion.logprobs, completion.token_ids)])
+            engine_logits.append([torch.cat([value for name, value in recorded if name == layer]) for layer in layers])
+        del llm
+        gc.collect()
+    batch = pack_responses(prompts, response_ids, response_log_probs_, 6, pad_token_id=0)
+    model = load_model(str(model_dir), torch.float32).eval()
+    top_k = config.text_config.num_experts_per_tok
+    compared = differing = 0
+    for row in range(len(prompts)):
+        one = batch.index([row])
+        with torch.no_grad(), recorded_router_logits(model) as trainer_logits:
+            response_log_probs(model, one, 1.0, banned_token_ids=banned)
+        valid = one["attention_mask"][0].bool()
+        for trainer, engine in zip(trainer_logits, engine_logits[row], strict=True):
+            trainer_sets = torch.topk(trainer[valid], top_k).indices.sort(-1).values
+            engine_sets = torch.topk(engine, top_k).indices.sort(-1).values
+            assert len(engine_sets) == len(trainer_sets) - 1  # the last sampled token is never run
+            differing += int((trainer_sets[:-1] != engine_sets).any(-1).sum())
+            compared += len(engine_sets)
+    print(f"qwen3_vl_moe fp32: {differing} of {compared} (token, layer) top-{top_k} sets differ")
+    assert compared > 100 and differing == 0
+
+
+def test_the_hf_engine_and_the_trainer_agree_on_image_and_video_prompts(model_dir, mixed_dir):
+    # The HF engine passes transformers the placeholders' token types (its m-rope input); without them it places
+    # every token as text and the vision rows' log-probs move by up to 0.15 on this model
+    from easyr1.engines.base import SamplingSettings
+    from easyr1.engines.hf_engine import HFEngine
+
+    config = AutoConfig.from_pretrained(model_dir)
+    banned = family_of(config).placeholder_token_ids(config)
+    engine = HFEngine(
+        str(model_dir), dtype=torch.float32, pad_token_id=0, eos_token_ids=[], banned_token_ids=banned, device="cpu"
+    )
+    prompts = prompt_batch(model_dir, mixed_dir, 4, max_prompt_length=96, pixels=64 * 64)
+    sampling = SamplingSettings(temperature=1.0, max_tokens=6, ignore_eos=True)
+    batch = engine.generate(prompts, sampling, seeds=list(range(len(prompts))))
+    with torch.no_grad():
+        log_probs, _ = response_log_probs(_model(model_dir), batch, 1.0, banned_token_ids=banned)
+    mask = batch["response_mask"].bool()
+    assert float(((log_probs - batch["rollout_log_probs"]).abs() * mask).max()) < 1e-4
