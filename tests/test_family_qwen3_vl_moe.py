@@ -163,6 +163,24 @@ def test_lora_reaches_attention_only(model_dir):
     assert trained and all(".lora_" in name for name in trained)  # experts and router stay as they are
 
 
+def test_one_lora_step(model_dir, mixed_dir):
+    from easyr1.models.lora import lora_scaling, merged_weights
+
+    lora = type("Lora", (), {"rank": 4, "alpha": 8, "target_modules": "all-linear", "exclude_modules": None})()
+    model = apply_lora(_model(model_dir), lora)
+    batch = _scored_batch(model_dir, mixed_dir)
+    before = {name: param.detach().clone() for name, param in model.named_parameters()}
+    optimizer = torch.optim.AdamW([param for param in model.parameters() if param.requires_grad], lr=1e-2)
+    log_probs, _ = response_log_probs(model, batch, 1.0, padding_free=True)
+    (log_probs * batch["response_mask"]).sum().backward()
+    optimizer.step()
+    changed = {name for name, param in model.named_parameters() if not torch.equal(param, before[name])}
+    assert changed and all(".lora_" in name for name in changed)  # only the adapters move
+    # the engine's weights: the adapters folded into attention, the experts passed through as they are
+    merged = dict(merged_weights(model.named_parameters(), lora_scaling({"r": 4, "lora_alpha": 8})))
+    assert merged.keys() == set(_model(model_dir).state_dict())
+
+
 # --------------------------------------------------------------------------------------------- 7. the plan
 
 
