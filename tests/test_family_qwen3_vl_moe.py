@@ -650,3 +650,22 @@ def test_the_hf_engine_and_the_trainer_agree_on_image_and_video_prompts(model_di
         log_probs, _ = response_log_probs(_model(model_dir), batch, 1.0, banned_token_ids=banned)
     mask = batch["response_mask"].bool()
     assert float(((log_probs - batch["rollout_log_probs"]).abs() * mask).max()) < 1e-4
+
+
+def test_a_tensor_parallel_size_vllm_cpu_would_pad_is_refused(model_dir):
+    # vLLM-CPU pads each rank's expert width to a multiple of 32 at build and then fails to reload synced weights
+    # into the padded tensors; 96 / 2 = 48 would be padded, 96 / 1 and 96 / 3 are not
+    from test_config import SMALL
+
+    from easyr1.config import load_config
+    from easyr1.engines.vllm_engine import check_vllm_settings
+    from easyr1.errors import ConfigError
+
+    config = load_config(
+        [*SMALL, f"worker.actor.model.model_path={model_dir}", "worker.rollout.tensor_parallel_size=2"]
+    )
+    with pytest.raises(ConfigError, match=r"48 per rank at worker.rollout.tensor_parallel_size=2.* of 1, 3 "):
+        check_vllm_settings(config, "cpu")
+    check_vllm_settings(config, "cuda")  # vLLM's GPU kernels do not pad that way
+    config.worker.rollout.tensor_parallel_size = 1
+    check_vllm_settings(config, "cpu")

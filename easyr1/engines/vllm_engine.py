@@ -461,11 +461,13 @@ def max_model_len(config: Any) -> int:
 
 
 def check_vllm_settings(config: Any, device: str) -> None:
-    """On CPU, the KV-cache block size vLLM's CPU attention can take and, for a model with linear-attention layers,
-    a bf16 engine (a ``UserError`` before any worker starts)."""
+    """On CPU, the KV-cache block size vLLM's CPU attention can take, for a model with linear-attention layers a
+    bf16 engine, and for a mixture-of-experts model an expert width per tensor-parallel rank that vLLM-CPU does not
+    pad (a ``UserError`` before any worker starts)."""
     if device == "cpu":
         cpu_block_size(config.worker.rollout.block_size)
         check_cpu_linear_attention_dtype(config)
+        check_cpu_moe_tensor_parallel(config)
 
 
 def check_cpu_linear_attention_dtype(config: Any) -> None:
@@ -492,6 +494,39 @@ def check_cpu_linear_attention_dtype(config: Any) -> None:
             f"which vLLM-CPU runs in bf16 only, but the engine would run in {str(dtype).removeprefix('torch.')}; "
             "set worker.rollout.dtype=bfloat16 (or worker.rollout.name=hf)"
         )
+
+
+# vLLM-CPU's MoE kernel pads each rank's expert width (moe_intermediate_size / tensor_parallel_size) up to a multiple
+# of this (experts/cpu_moe.py: CPUUnquantizedExperts._intermediate_alignment)
+CPU_MOE_ALIGNMENT = 32
+
+
+def check_cpu_moe_tensor_parallel(config: Any) -> None:
+    """vLLM-CPU pads a mixture-of-experts layer's per-rank expert width to a multiple of 32 when it builds the engine,
+    but its weight reload (every sync: the fast CPU path declines MoE layers) loads the unpadded width into the
+    padded kernel tensors and fails ("The size of tensor a (128) must match the size of tensor b (96)", the tiny
+    Qwen3-VL-MoE at worker.rollout.tensor_parallel_size=2): a ``ConfigError`` here instead, for a model whose
+    width per rank is not a multiple of 32."""
+    from easyr1.errors import ConfigError
+    from easyr1.models.loading import load_model_config
+
+    model, rollout = config.worker.actor.model, config.worker.rollout
+    try:
+        model_config = load_model_config(model.model_path, model.trust_remote_code, model.override_config)
+    except (OSError, ValueError):
+        return  # an unreadable config.json is reported by the checks against the model, before this one
+    text_config = getattr(model_config, "text_config", None) or model_config
+    width = getattr(text_config, "moe_intermediate_size", None)
+    tp = rollout.tensor_parallel_size
+    if not width or not getattr(text_config, "num_experts", None) or tp < 1 or (width // tp) % CPU_MOE_ALIGNMENT == 0:
+        return
+    good = [size for size in range(1, 9) if width % size == 0 and (width // size) % CPU_MOE_ALIGNMENT == 0]
+    raise ConfigError(
+        f"the model ({model.model_path}) has mixture-of-experts layers of width moe_intermediate_size={width}, "
+        f"{width // tp} per rank at worker.rollout.tensor_parallel_size={tp}; vLLM-CPU pads that to a multiple of "
+        f"{CPU_MOE_ALIGNMENT} and then cannot reload the weights the actor syncs into it; use a "
+        f"tensor_parallel_size of {', '.join(map(str, good)) or 'none here'} (or worker.rollout.name=hf)"
+    )
 
 
 @register_engine("vllm", EngineTraits(reads_images=True, tensor_parallel=True, check=check_vllm_settings))
