@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from easyr1.models.families.base import qwen_turns_chat_template
+
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, ProcessorMixin, Qwen2Tokenizer
@@ -71,30 +73,8 @@ QWEN_SPLIT_PATTERN = (
 
 # The Qwen2-VL chat format: a default system message, one <|im_start|>role ... <|im_end|> block per message,
 # an image content part rendered as <|vision_start|><|image_pad|><|vision_end|> (the processor expands the pad).
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if loop.first and message['role'] != 'system' %}"
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-    "{% endif %}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}"
-    "{{ message['content'] }}"
-    "{% else %}"
-    "{% for part in message['content'] %}"
-    "{% if part['type'] == 'image' or 'image' in part or 'image_url' in part %}"
-    "<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif part['type'] == 'video' or 'video' in part %}"
-    "<|vision_start|><|video_pad|><|vision_end|>"
-    "{% elif 'text' in part %}"
-    "{{ part['text'] }}"
-    "{% endif %}"
-    "{% endfor %}"
-    "{% endif %}"
-    "<|im_end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}"
-    "<|im_start|>assistant\n"
-    "{% endif %}"
+CHAT_TEMPLATE = qwen_turns_chat_template(
+    "<|vision_start|><|image_pad|><|vision_end|>", "<|vision_start|><|video_pad|><|vision_end|>"
 )
 
 # Per family: vision patch size and the processor's pixel bounds (4 to 16 image tokens per image).

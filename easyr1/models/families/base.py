@@ -69,6 +69,37 @@ def rename_safetensors(directory: Path, rename: Callable[[str], str]) -> None:
         index.write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
 
 
+def qwen_turns_chat_template(image_text: str, video_text: str) -> str:
+    """A tiny model's chat template: Qwen's turns (a default system message; ``<|im_end|>`` ends every message, the
+    tiny models' EOS) with an image part rendered as ``image_text`` and a video part as ``video_text``, the way the
+    family's own template writes its placeholders (which its processor then expands)."""
+    return (
+        "{% for message in messages %}"
+        "{% if loop.first and message['role'] != 'system' %}"
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+        "{% endif %}"
+        "<|im_start|>{{ message['role'] }}\n"
+        "{% if message['content'] is string %}"
+        "{{ message['content'] }}"
+        "{% else %}"
+        "{% for part in message['content'] %}"
+        "{% if part['type'] == 'image' or 'image' in part or 'image_url' in part %}"
+        f"{image_text}"
+        "{% elif part['type'] == 'video' or 'video' in part %}"
+        f"{video_text}"
+        "{% elif 'text' in part %}"
+        "{{ part['text'] }}"
+        "{% endif %}"
+        "{% endfor %}"
+        "{% endif %}"
+        "<|im_end|>\n"
+        "{% endfor %}"
+        "{% if add_generation_prompt %}"
+        "<|im_start|>assistant\n"
+        "{% endif %}"
+    )
+
+
 def collapse_placeholder_runs(expanded_ids: Sequence[int], placeholder_id: int | None) -> list[int]:
     """``expanded_ids`` with every run of ``placeholder_id`` collapsed to one: the Qwen-VL processors expand one
     image placeholder into a run of them, and nothing else."""

@@ -24,7 +24,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from easyr1.models.families.base import QWEN_VISION_MODULES, Family, TinyRecipe, qwen_dummy_image
+from easyr1.models.families.base import (
+    QWEN_VISION_MODULES,
+    Family,
+    TinyRecipe,
+    qwen_dummy_image,
+    qwen_turns_chat_template,
+)
 
 
 IMAGE_TOKEN = "<|image|>"
@@ -49,30 +55,8 @@ _TOKEN_ATTRIBUTES = {
 
 # The tiny model's chat format: Qwen's turns (so <|im_end|> ends a response, as in every tiny model) with images and
 # videos rendered the way GLM-4.1V's own template renders them.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if loop.first and message['role'] != 'system' %}"
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-    "{% endif %}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}"
-    "{{ message['content'] }}"
-    "{% else %}"
-    "{% for part in message['content'] %}"
-    "{% if part['type'] == 'image' or 'image' in part or 'image_url' in part %}"
-    "<|begin_of_image|><|image|><|end_of_image|>"
-    "{% elif part['type'] == 'video' or 'video' in part %}"
-    "<|begin_of_video|><|video|><|end_of_video|>"
-    "{% elif 'text' in part %}"
-    "{{ part['text'] }}"
-    "{% endif %}"
-    "{% endfor %}"
-    "{% endif %}"
-    "<|im_end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}"
-    "<|im_start|>assistant\n"
-    "{% endif %}"
+CHAT_TEMPLATE = qwen_turns_chat_template(
+    "<|begin_of_image|><|image|><|end_of_image|>", "<|begin_of_video|><|video|><|end_of_video|>"
 )
 
 PATCH_SIZE = 14

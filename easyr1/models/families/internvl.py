@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from easyr1.models.families.base import Family, TinyRecipe
+from easyr1.models.families.base import Family, TinyRecipe, qwen_turns_chat_template
 
 
 if TYPE_CHECKING:
@@ -43,31 +43,7 @@ NAMED_TOKENS = (
 
 # Qwen's chat format (InternVL3.5's language model is a Qwen3) with the images as InternVL's chat template writes
 # them: <IMG_CONTEXT> on a line of its own, which the processor expands.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if loop.first and message['role'] != 'system' %}"
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-    "{% endif %}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}"
-    "{{ message['content'] }}"
-    "{% else %}"
-    "{% for part in message['content'] %}"
-    "{% if part['type'] == 'image' or 'image' in part or 'image_url' in part %}"
-    "<IMG_CONTEXT>\n"
-    "{% elif part['type'] == 'video' or 'video' in part %}"
-    "<video>\n"
-    "{% elif 'text' in part %}"
-    "{{ part['text'] }}"
-    "{% endif %}"
-    "{% endfor %}"
-    "{% endif %}"
-    "<|im_end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}"
-    "<|im_start|>assistant\n"
-    "{% endif %}"
-)
+CHAT_TEMPLATE = qwen_turns_chat_template("<IMG_CONTEXT>\n", "<video>\n")
 
 # The tiny model: 64-pixel tiles of 16-pixel patches, pixel-shuffled by 0.5: (64 / 16)^2 * 0.5^2 = 4 tokens a tile.
 TINY_TILE = 64
