@@ -30,6 +30,7 @@ log="$WORK/check_image.log"
 summary=()
 dockerd_pid=""
 server_pid=""
+base_root=""
 
 step() {  # step NAME CMD...: run CMD with its output in the log, record its duration, stop at the first failure
   local name=$1 start
@@ -49,6 +50,12 @@ step() {  # step NAME CMD...: run CMD with its output in the log, record its dur
 
 cleanup() {
   if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; fi
+  if [ -n "$base_root" ]; then  # an interrupted debootstrap: what it mounted in the root, then the root
+    for dir in dev/pts dev proc sys; do
+      if mountpoint -q "$base_root/$dir"; then umount -l "$base_root/$dir" || true; fi
+    done
+    rm -rf "$base_root"
+  fi
   if [ -n "$dockerd_pid" ]; then
     kill "$dockerd_pid" 2>/dev/null || true
     wait "$dockerd_pid" 2>/dev/null || true
@@ -81,6 +88,7 @@ make_base() {
   command -v debootstrap >/dev/null || { apt-get update -q && apt-get install -y -q debootstrap; }
   local root
   root=$(mktemp -d /var/tmp/easyr1-base.XXXXXX)
+  base_root=$root
   debootstrap --variant=minbase "$SUITE" "$root" "$MIRROR"
   # The host's own certificate authorities (a proxy that re-signs TLS): the ca-certificates package, which
   # image_setup.sh installs, adds them to the system bundle, and pip is pointed at that bundle.
@@ -90,6 +98,7 @@ make_base() {
   tar --numeric-owner -C "$root" -c . |
     docker import --change 'ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt' --change 'CMD ["bash"]' - "$BASE"
   rm -rf "$root"
+  base_root=""
 }
 
 serve_wheels() {  # serve $WHEELS on loopback for the build (which runs on the host's network)
@@ -160,7 +169,8 @@ as_other_user() {
   chown -R "$other" "$dir"
   docker run --rm --read-only --user "$other" -e HOME=/home/other --tmpfs /tmp:exec --shm-size=2g \
     -e OMP_NUM_THREADS=1 -v "$dir/home:/home/other" -v "$dir/checkpoints:/opt/easyr1/checkpoints" \
-    -v "$dir/cache:/opt/easyr1/.cache" "$IMAGE" bash -c "python -c 'from easyr1.tools.demo_assets import ensure_demo_assets as e; e()' &&
+    -v "$dir/cache:/opt/easyr1/.cache" "$IMAGE" bash -c "
+      python -c 'from easyr1.tools.demo_assets import ensure_demo_assets; ensure_demo_assets()' &&
       python -m easyr1.main config=examples/config_cpu.yaml trainer.max_steps=2 trainer.find_last_checkpoint=false"
   ls -d "$dir"/checkpoints/*/*/global_step_2
 }
@@ -181,8 +191,8 @@ step "demo (read-only root, mounted work dir)" demo
 step "resume in a second container" resume
 step "another uid (--user; Apptainer's way)" as_other_user
 
-read -r first last seconds < <(sed -nE 's/^demo: reward_first=([0-9.]+) reward_last=([0-9.]+) .*seconds=([0-9]+).*/\1 \2 \3/p' \
-  "$WORK/demo.log" | tail -n 1)
+demo_line='^demo: reward_first=([0-9.]+) reward_last=([0-9.]+) .*seconds=([0-9]+).*'
+read -r first last seconds < <(sed -nE "s/$demo_line/\\1 \\2 \\3/p" "$WORK/demo.log" | tail -n 1)
 size_gb=$(docker image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%.2f", $1 / 1e9}')
 echo
 echo "the CPU twin of the image ($IMAGE from $BASE; $layer):"
