@@ -31,20 +31,24 @@ COPY scripts/image_setup.sh scripts/install_lib.sh scripts/install_cpu.sh script
      scripts/torchvision_cpu_fix.py scripts/
 RUN bash scripts/image_setup.sh "$STACK"
 
-# A user to run as (clusters may pass their own with --user instead), numeric in USER so that a runtime can tell it
-# is not root; 1001: Ubuntu 24.04, the GPU base, already has a user 1000. It owns only what a run writes under the
-# project: checkpoints/ (checkpoints, metrics, reports) and .cache/ (the demo's model and data, bytecode); the code
-# and the venv stay root's, so the root filesystem can be mounted read-only with those two directories mounted.
+# A user to run as, numeric in USER so that a runtime can tell it is not root; 1001: Ubuntu 24.04, the GPU base,
+# already has a user 1000. It owns only what a run writes under the project: checkpoints/ (checkpoints, metrics,
+# reports) and .cache/ (the demo's model and data, bytecode); the code and the venv stay root's, so the root
+# filesystem can be mounted read-only with those two directories mounted. Those two and the home are also open to
+# any uid, like /tmp (sticky), so that `--user "$(id -u):$(id -g)"`, which makes what a run writes on the mounts the
+# caller's, needs no other flag; HOME is set for a uid the image does not know.
 RUN useradd --create-home --shell /bin/bash --uid 1001 --user-group easyr1 \
     && mkdir -p checkpoints .cache \
-    && chown easyr1:easyr1 checkpoints .cache
+    && chown easyr1:easyr1 checkpoints .cache \
+    && chmod 1777 checkpoints .cache /home/easyr1
 
 # The rest of the project: the code, recipes, prompts, reward functions, tests, docs.
 COPY . .
 # Bytecode goes to the (mountable) cache: the venv is installed without it, and under a read-only root every process
 # (each Ray worker) would otherwise compile torch, transformers and vLLM from source again.
 ENV PATH=/opt/easyr1/.venv/bin:$PATH \
-    PYTHONPYCACHEPREFIX=/opt/easyr1/.cache/pycache
+    PYTHONPYCACHEPREFIX=/opt/easyr1/.cache/pycache \
+    HOME=/home/easyr1
 USER 1001:1001
 
 # No fixed entrypoint: a container runs `python -m easyr1.main config=... key=value ...` on the head node and

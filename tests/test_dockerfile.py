@@ -136,6 +136,9 @@ def test_the_image_runs_as_a_user_that_owns_only_what_runs_write() -> None:
     assert steps.index(("USER", "1001:1001")) > steps.index(("COPY", ". ."))
     owned = " ".join(arguments for keyword, arguments in steps if keyword == "RUN" and "chown" in arguments)
     assert "--uid 1001 --user-group easyr1" in owned and "chown easyr1:easyr1 checkpoints .cache" in owned
+    # --user with the caller's uid needs a home and these directories writable without more flags
+    assert "chmod 1777 checkpoints .cache /home/easyr1" in owned
+    assert any(keyword == "ENV" and "HOME=/home/easyr1" in arguments for keyword, arguments in steps)
     # both stay out of the build context, or `COPY . .` would bring the host's runs and caches in, owned by root
     patterns = dockerignore_patterns()
     assert ignored("checkpoints", patterns) and ignored(".cache", patterns)
