@@ -49,11 +49,11 @@ class _Refused(pickle.UnpicklingError):
 
 
 def _enum_member(owner: Any, name: Any) -> Any:
-    """What ``builtins.getattr`` stands for in a DCP .metadata: an enum member by name. Early CPython 3.11 releases (Debian
-    12's 3.11.2 among them; 3.11.7 does not) pickle enum members as ``getattr(EnumClass, "NAME")``, and DCP's
-    metadata holds enum members (WriteItemType, LoadItemType, _MEM_FORMAT_ENCODING). Only a
-    member of an enum the unpickler resolved is returned, never another attribute (a method of an allowed value could
-    be called by the pickle)."""
+    """What ``builtins.getattr`` stands for in a DCP .metadata: an enum member by name. Early CPython 3.11 releases
+    (Debian 12's 3.11.2 among them; 3.11.7 does not) pickle enum members as ``getattr(EnumClass, "NAME")``, and
+    DCP's metadata holds enum members (WriteItemType, LoadItemType, _MEM_FORMAT_ENCODING). Only a member of an enum
+    the unpickler resolved is returned, never another attribute (a method of an allowed value could be called by
+    the pickle)."""
     allowed = isinstance(owner, enum.EnumMeta) and owner.__qualname__ in ALLOWED_GLOBALS.get(owner.__module__, ())
     if not (allowed and isinstance(name, str)):
         raise _Refused(f"builtins.getattr({owner!r}, {name!r})")
