@@ -87,6 +87,12 @@ bench-async: install
 bench-demo-judge: install
 	PYTHONPATH=$$PWD $(PYTHON) bench/demo_judge_seeds.py
 
+# The Docker image's CPU twin built from the Dockerfile, then a test module, the demo and a resumed run inside it under
+# a read-only root with a mounted work directory (docs/gpu.md); as root, not in CI; ends with `image: ...`.
+.PHONY: check-image
+check-image:
+	bash scripts/check_image.sh
+
 quality: install
 	$(PYTHON) -m ruff check easyr1 tests scripts bench reward_function
 	$(PYTHON) -m ruff format --check easyr1 tests scripts bench reward_function

@@ -5,6 +5,7 @@ restores every generator exactly."""
 
 from __future__ import annotations
 
+import enum
 import os
 import pickle
 import random
@@ -15,7 +16,15 @@ import pytest
 import torch
 import torch.distributed as dist
 from helpers import ONE_PROCESS, REPO, train
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import WriteItemType
 
+from easyr1.checkpoint.dcp_metadata import check_dcp_metadata
 from easyr1.checkpoint.manager import TRAINER_STATE_NAME, CheckpointDirectory
 from easyr1.checkpoint.sharded import (
     extra_state_name,
@@ -107,6 +116,51 @@ def test_crafted_dcp_metadata_is_refused_before_torch_reads_it(process_group, ti
         load_component(step / "actor", model, torch.optim.AdamW(model.parameters(), lr=1e-2), None)
     assert str(metadata) in str(caught.value)
     assert not marker.exists()
+
+
+class EnumsByName(pickle.Pickler):
+    """Pickles enum members as ``getattr(EnumClass, "NAME")``, as CPython 3.11.2 (Debian 12's python3) does."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, enum.Enum):
+            return getattr, (type(obj), obj.name)
+        return NotImplemented
+
+
+def dcp_metadata_of_one_tensor() -> Metadata:
+    """A DCP metadata value with the enum members a real one holds (memory format, planner item type)."""
+    properties = TensorProperties(dtype=torch.float32)
+    chunk = ChunkStorageMetadata(offsets=torch.Size([0]), sizes=torch.Size([2]))
+    tensor = TensorStorageMetadata(properties=properties, size=torch.Size([2]), chunks=[chunk])
+    return Metadata(state_dict_metadata={"w": tensor}, planner_data={"w": WriteItemType.TENSOR})
+
+
+def test_dcp_metadata_with_enum_members_pickled_by_name_loads(tmp_path):
+    """A checkpoint written under Python 3.11.2 (the Debian image's python) resumes: its enum members are pickled
+    through builtins.getattr, which stands only for a member of an allowed enum."""
+    metadata = dcp_metadata_of_one_tensor()
+    with open(tmp_path / ".metadata", "wb") as file:
+        EnumsByName(file).dump(metadata)
+    assert b"getattr" in (tmp_path / ".metadata").read_bytes()
+    check_dcp_metadata(tmp_path)  # no CheckpointError
+    with open(tmp_path / ".metadata", "rb") as file:
+        assert pickle.load(file) == metadata
+
+
+def test_getattr_in_dcp_metadata_reaches_nothing_but_enum_members(tmp_path):
+    """builtins.getattr on an allowed value (a Path's unlink, pickled as a bound method) is refused, not called."""
+    marker = tmp_path / "marker"
+    marker.touch()
+
+    class UnlinksMarker:
+        def __reduce__(self):
+            return marker.unlink, ()  # a bound method pickles as getattr(PosixPath(marker), "unlink")
+
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(UnlinksMarker()))
+    assert b"getattr" in (tmp_path / ".metadata").read_bytes()
+    with pytest.raises(CheckpointError, match="refused to load"):
+        check_dcp_metadata(tmp_path)
+    assert marker.exists()
 
 
 def test_crafted_trainer_state_stops_the_cli_before_it_runs(

@@ -9,6 +9,7 @@ holds nothing else. Nothing here imports torch until a file is checked.
 
 from __future__ import annotations
 
+import enum
 import pickle
 from pathlib import Path
 from typing import Any
@@ -47,10 +48,27 @@ class _Refused(pickle.UnpicklingError):
     """A global that no DCP metadata refers to."""
 
 
+def _enum_member(owner: Any, name: Any) -> Any:
+    """What ``builtins.getattr`` stands for in a DCP .metadata: an enum member by name. Early CPython 3.11 releases
+    (Debian 12's 3.11.2 among them; 3.11.7 does not) pickle enum members as ``getattr(EnumClass, "NAME")``, and
+    DCP's metadata holds enum members (WriteItemType, LoadItemType, _MEM_FORMAT_ENCODING). Only a member of an enum
+    the unpickler resolved is returned, never another attribute (a method of an allowed value could be called by
+    the pickle)."""
+    allowed = isinstance(owner, enum.EnumMeta) and owner.__qualname__ in ALLOWED_GLOBALS.get(owner.__module__, ())
+    if not (allowed and isinstance(name, str)):
+        raise _Refused(f"builtins.getattr({owner!r}, {name!r})")
+    try:
+        return owner[name]
+    except KeyError:
+        raise _Refused(f"builtins.getattr({owner!r}, {name!r})") from None
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     """Resolves only :data:`ALLOWED_GLOBALS` and torch's dtypes (``torch.float32`` is pickled by name)."""
 
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("builtins", "getattr"):
+            return _enum_member
         if name in ALLOWED_GLOBALS.get(module, ()):
             return super().find_class(module, name)
         if module == "torch":
