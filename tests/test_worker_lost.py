@@ -85,3 +85,37 @@ def test_a_worker_killed_mid_run_stops_the_run_with_the_command_that_resumes_it(
     assert CheckpointDirectory(run_dir).resume_path(None, find_last_checkpoint=True) == step_dir
     # nothing of the run is left: its Ray processes, the other worker, the reward actor
     wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family), 20, "cleanup")
+
+
+@pytest.mark.ray
+def test_a_rank_failing_because_its_peer_died_reports_the_dead_peer():
+    """The surviving rank's collective fails ("Connection reset by peer") before Ray reports the killed rank: the
+    run's message names the rank that died, not the survivor's traceback."""
+    import ray
+    from helpers import start_ray
+
+    from easyr1.distributed.worker_group import WorkerGroup
+    from easyr1.errors import WorkerLost
+
+    @ray.remote(num_cpus=0)
+    class Rank:
+        def fail_at_once(self) -> None:
+            raise RuntimeError("Connection reset by peer")
+
+        def die_soon(self) -> None:
+            time.sleep(1.0)
+            os._exit(1)
+
+        def finish(self) -> int:
+            return 0
+
+    start_ray()
+    survivor, dying = Rank.remote(), Rank.remote()
+    group = object.__new__(WorkerGroup)  # only _gather's surface: the ranks' addresses and the worker class
+    group.addresses, group.worker_cls = ["10.0.0.1", "10.0.0.2"], type("HybridWorker", (), {})
+    with pytest.raises(WorkerLost) as lost:
+        group._gather([survivor.fail_at_once.remote(), dying.die_soon.remote()], "generate")
+    assert (lost.value.rank, lost.value.node) == (1, "10.0.0.2")
+    # no rank died: the failure is the survivor's own, as it was
+    with pytest.raises(ray.exceptions.RayTaskError, match="Connection reset"):
+        group._gather([survivor.fail_at_once.remote(), survivor.finish.remote()], "generate")

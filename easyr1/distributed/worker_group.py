@@ -43,6 +43,8 @@ from easyr1.protocol import Batch
 
 # How long to wait for resources the cluster has but that are taken, before giving up with a clear error.
 PLACEMENT_TIMEOUT_S = 300.0
+# how long a rank that failed in a collective waits for Ray to report the peer that died (the real error)
+PEER_DEATH_WAIT_S = 20.0
 # Ray CPUs reserved per worker: its torch threads are set by threads_per_worker; the reservation only places it.
 CPUS_PER_WORKER = 1
 
@@ -254,15 +256,41 @@ class WorkerGroup:
             try:
                 ray.get(ready[0])
             except ray.exceptions.RayActorError as error:
-                rank = refs.index(ready[0])
-                rank = ranks[rank] if ranks is not None else rank
-                node = self.addresses[rank] if rank < len(self.addresses) else "?"
-                raise WorkerLost(rank, node, f"{self.worker_cls.__name__}.{phase}", type(error).__name__) from None
+                raise self._lost(refs, ready[0], error, phase, ranks) from None
             except ray.exceptions.RayTaskError as error:
                 if isinstance(error.cause, UserError):
                     raise error.cause from None
+                # A rank whose peer died fails in the collective they shared (gloo: "Connection reset by peer"),
+                # often before Ray reports the death: the dead rank is the news, so wait briefly for it.
+                dead = self._first_dead(refs, pending)
+                if dead is not None:
+                    raise self._lost(refs, *dead, phase, ranks) from None
                 raise
         return ray.get(refs)
+
+    def _first_dead(
+        self, refs: list[ray.ObjectRef], pending: list[ray.ObjectRef], timeout: float = PEER_DEATH_WAIT_S
+    ) -> tuple[ray.ObjectRef, BaseException] | None:
+        """The first call among ``pending`` whose rank died (with Ray's error), waiting up to ``timeout`` for them to
+        settle; ``None`` when none did."""
+        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=timeout) if pending else ([], [])
+        for ref in sorted(ready, key=refs.index):
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as error:
+                return ref, error
+            except Exception:  # another rank's own failure: not a death
+                continue
+        return None
+
+    def _lost(
+        self, refs: list[ray.ObjectRef], ref: ray.ObjectRef, error: BaseException, phase: str, ranks: list[int] | None
+    ) -> WorkerLost:
+        """The :class:`WorkerLost` for the rank of ``ref``, which died during ``phase``."""
+        rank = refs.index(ref)
+        rank = ranks[rank] if ranks is not None else rank
+        node = self.addresses[rank] if rank < len(self.addresses) else "?"
+        return WorkerLost(rank, node, f"{self.worker_cls.__name__}.{phase}", type(error).__name__)
 
     def _split_plain(self, method: str, batch: Batch, args: tuple, kwargs: dict) -> tuple[list[Any], Transfer]:
         """Every rank gets its whole chunk (a slice; only its own rows travel, see ``tensor_pickling``)."""
