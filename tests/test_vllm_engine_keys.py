@@ -108,3 +108,20 @@ def test_samples_of_a_prompt_share_its_prefill_on_cpu(engine_world, tiny_qwen2_5
     assert cached[None] == [0] + [whole_blocks] * (samples - 1)
     assert cached[128] == [0] * samples
     assert torch.equal(responses[None], responses[128])
+
+
+def test_gpu_environment_turns_off_the_cuda_ipc_all_reduce_paths(monkeypatch):
+    import vllm.envs
+
+    from easyr1.engines.vllm_engine import IPC_ALL_REDUCE_VARIABLES, set_gpu_engine_environment
+
+    for variable in (*IPC_ALL_REDUCE_VARIABLES, "VLLM_USE_V2_MODEL_RUNNER"):
+        monkeypatch.delenv(variable, raising=False)
+    # vLLM's defaults: both paths on beside NCCL (disable_custom_all_reduce does not reach them)
+    assert vllm.envs.VLLM_ALLREDUCE_USE_SYMM_MEM and vllm.envs.VLLM_ALLREDUCE_USE_FLASHINFER
+    set_gpu_engine_environment()
+    assert not vllm.envs.VLLM_ALLREDUCE_USE_SYMM_MEM and not vllm.envs.VLLM_ALLREDUCE_USE_FLASHINFER
+    # a value the user exported wins
+    monkeypatch.setenv("VLLM_ALLREDUCE_USE_SYMM_MEM", "1")
+    set_gpu_engine_environment()
+    assert vllm.envs.VLLM_ALLREDUCE_USE_SYMM_MEM

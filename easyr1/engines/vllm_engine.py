@@ -65,11 +65,21 @@ def set_cpu_engine_environment(num_threads: int) -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
+# vLLM 0.32 sets up two all-reduce paths for every tensor-parallel group besides NCCL, torch symmetric memory and
+# FlashInfer's, and ``disable_custom_all_reduce`` switches off neither. Both share GPU memory across processes
+# through CUDA IPC, which is what broke the custom all-reduce between Ray actors that each see one GPU; they fall
+# back on errors they catch, but a hang is possible. Off until tensor parallelism has run on GPUs: NCCL all-reduces.
+IPC_ALL_REDUCE_VARIABLES = ("VLLM_ALLREDUCE_USE_SYMM_MEM", "VLLM_ALLREDUCE_USE_FLASHINFER")
+
+
 def set_gpu_engine_environment() -> None:
     """Environment vLLM reads at import on GPU: the V1 model runner, the one whose log-probs were checked
-    against the actor's (vLLM 0.32 otherwise picks its V2 runner wherever Triton is present). Export
-    ``VLLM_USE_V2_MODEL_RUNNER=1`` to try V2 anyway."""
+    against the actor's (vLLM 0.32 otherwise picks its V2 runner wherever Triton is present), and no CUDA-IPC
+    all-reduce for tensor-parallel groups (:data:`IPC_ALL_REDUCE_VARIABLES`). A value exported by the user wins:
+    ``VLLM_USE_V2_MODEL_RUNNER=1`` to try V2 anyway, ``VLLM_ALLREDUCE_USE_SYMM_MEM=1`` to try symmetric memory."""
     os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+    for variable in IPC_ALL_REDUCE_VARIABLES:
+        os.environ.setdefault(variable, "0")
 
 
 # vLLM's CPU attention takes blocks of a multiple of 32 tokens and picks 128. vLLM shares a prompt's whole blocks
