@@ -32,21 +32,9 @@ dockerd_pid=""
 server_pid=""
 base_root=""
 
-step() {  # step NAME CMD...: run CMD with its output in the log, record its duration, stop at the first failure
-  local name=$1 start
-  shift
-  start=$(date +%s)
-  echo "== $name" | tee -a "$log"
-  if "$@" >>"$log" 2>&1; then
-    summary+=("$(printf '%-44s %5ss  ok' "$name" $(($(date +%s) - start)))")
-  else
-    summary+=("$(printf '%-44s %5ss  FAILED' "$name" $(($(date +%s) - start)))")
-    tail -n 40 "$log"
-    printf '%s\n' "${summary[@]}"
-    echo "failed: $name (full log: $log)"
-    exit 1
-  fi
-}
+STEP_NAME_WIDTH=44
+# shellcheck source=scripts/check_steps.sh
+source "$(dirname "${BASH_SOURCE[0]}")/check_steps.sh"
 
 cleanup() {
   if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; fi

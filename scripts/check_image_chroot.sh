@@ -21,21 +21,9 @@ mkdir -p "$(dirname "$ROOT")"
 : >"$log"
 summary=()
 
-step() {  # step NAME CMD...: run CMD with its output in the log, record its duration, stop at the first failure
-  local name=$1 start
-  shift
-  start=$(date +%s)
-  echo "== $name" | tee -a "$log"
-  if "$@" >>"$log" 2>&1; then
-    summary+=("$(printf '%-34s %5ss  ok' "$name" $(($(date +%s) - start)))")
-  else
-    summary+=("$(printf '%-34s %5ss  FAILED' "$name" $(($(date +%s) - start)))")
-    tail -n 40 "$log"
-    printf '%s\n' "${summary[@]}"
-    echo "failed: $name (full log: $log)"
-    exit 1
-  fi
-}
+STEP_NAME_WIDTH=34
+# shellcheck source=scripts/check_steps.sh
+source "$(dirname "${BASH_SOURCE[0]}")/check_steps.sh"
 
 unmount_all() {
   for dir in dev sys proc "${WHEELS#/}"; do
