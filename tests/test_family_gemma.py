@@ -416,3 +416,19 @@ def test_engine_weight_names_are_the_checkpoints(model_dir):
 def test_the_family_module_is_registered():
     assert FAMILIES["gemma3"].vision_modules == gemma_family.GEMMA3_VISION_MODULES
     assert FAMILIES["gemma3"].lora_exclude() == r".*\b(vision_tower|multi_modal_projector)\b.*"
+
+
+def test_the_critic_attends_within_image_blocks_too(model_dir, data_dir, monkeypatch):
+    from easyr1.workers.critic import ValueModel, response_values
+
+    critic = ValueModel(_model(model_dir)).eval()
+    torch.nn.init.normal_(critic.value_head.weight, std=1.0)  # the head starts at zero: every value would be 0
+    batch = _batch(model_dir, data_dir)
+    mask = batch["response_mask"].bool()
+    with torch.no_grad():
+        bidirectional = response_values(critic, batch)
+        monkeypatch.setitem(FAMILIES, "gemma3", dataclasses.replace(FAMILIES["gemma3"], token_types=None))
+        causal = response_values(critic, batch)
+    gap = (causal - bidirectional).abs() * mask
+    assert float(gap[0].max()) < TOLERANCE  # the text row
+    assert float(gap[1].max()) > 1e-4 and float(gap[2].max()) > 1e-4, gap.amax(dim=-1)

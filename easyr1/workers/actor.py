@@ -48,20 +48,18 @@ from easyr1.workers.ppo_update import MicroLoss, PPOUpdate
 logger = logging.getLogger(__name__)
 
 
-def forward_inputs(micro_batch: Batch, config: Any = None) -> dict[str, torch.Tensor]:
-    """Model inputs of a micro-batch: ids, mask, explicit position ids and the merged vision inputs; with the
-    model's ``config``, also the token types its family computes from the ids (Gemma 3's ``token_type_ids``)."""
+def forward_inputs(micro_batch: Batch) -> dict[str, torch.Tensor]:
+    """Model inputs of a micro-batch: ids, mask, explicit position ids and the merged vision inputs (the token
+    types a family computes from the ids come from :func:`~easyr1.models.families.forward_token_types`)."""
     position_ids = micro_batch["position_ids"]
     if position_ids.dim() == 3:  # (B, 4, L) -> (4, B, L): text positions, then the three m-rope rows
         position_ids = position_ids.transpose(0, 1).contiguous()
     vision = merge_vision_inputs(micro_batch["multi_modal_inputs"]) if "multi_modal_inputs" in micro_batch else {}
-    token_types = {} if config is None else family_of(config).token_type_inputs(micro_batch["input_ids"], config)
     return {
         "input_ids": micro_batch["input_ids"],
         "attention_mask": micro_batch["attention_mask"],
         "position_ids": position_ids,
         **vision,
-        **token_types,
     }
 
 

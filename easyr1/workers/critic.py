@@ -14,6 +14,7 @@ from transformers import PreTrainedModel
 
 from easyr1.algorithms import aggregate_loss
 from easyr1.algorithms.value_loss import compute_value_loss
+from easyr1.models.families import forward_token_types
 from easyr1.models.vision_tower import vision_keepalive
 from easyr1.protocol import Batch
 from easyr1.workers.actor import forward_inputs
@@ -44,7 +45,8 @@ class ValueModel(nn.Module):
 def response_values(model: ValueModel, micro_batch: Batch) -> torch.Tensor:
     """(B, R) values of the states that precede each response token."""
     response_length = micro_batch["responses"].shape[-1]
-    inputs = forward_inputs(micro_batch, getattr(model.backbone, "config", None))
+    # the token types its family computes from the ids (Gemma 3's bidirectional image blocks)
+    inputs = {**forward_inputs(micro_batch), **forward_token_types(model.backbone, micro_batch["input_ids"])}
     # before the forward: see models/vision_tower.py; on the inputs' device, which FSDP CPU offload does not share
     keepalive = vision_keepalive(model, model.backbone, inputs, device=micro_batch["responses"].device)
     values = model(**inputs)[:, -response_length - 1 : -1].float()
