@@ -28,6 +28,7 @@ from easyr1.algorithms import (
 )
 from easyr1.algorithms.logits import banned_token_bias, compile_allowed
 from easyr1.algorithms.rollout_correction import TOKEN_MEAN_METRICS, CorrectionSettings, rollout_correction
+from easyr1.distributed import sequence_parallel
 from easyr1.models.families import family_of, forward_token_types
 from easyr1.models.linear_attention import has_linear_attention
 from easyr1.models.moe import load_balancing_loss, moe_settings, recorded_router_logits
@@ -39,6 +40,7 @@ from easyr1.workers.packing import (
     prompt_groups,
     shared_response_logits,
     shared_token_count,
+    split_response_logits,
     token_budget_groups,
 )
 from easyr1.workers.placement import batch_to, to_host
@@ -135,6 +137,10 @@ def response_log_probs(
     ``torch.compile`` (:func:`~easyr1.algorithms.logits.compile_allowed`). ``entropy_grad=False`` computes the
     entropy without a graph (a metric only: nothing to back-propagate).
     """
+    if sequence_parallel.of(model) is not None:
+        return _split_log_probs(
+            model, micro_batch, temperature, with_entropy, banned_token_ids, compiled, share_prompt, entropy_grad
+        )
     responses = micro_batch["responses"]
     response_length = responses.shape[-1]
     inputs = forward_inputs(micro_batch)
@@ -157,6 +163,46 @@ def response_log_probs(
     if with_entropy:
         with nullcontext() if entropy_grad else torch.no_grad():
             entropy = entropy_from_logits(logits, compiled=compiled)
+    return log_probs, entropy
+
+
+def _split_log_probs(
+    model: nn.Module,
+    micro_batch: Batch,
+    temperature: float,
+    with_entropy: bool,
+    banned_token_ids: list[int] | None,
+    compiled: bool,
+    share_prompt: bool,
+    entropy_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`response_log_probs` under sequence parallelism (``distributed/sequence_parallel.py``): the micro-batch
+    packed (padding-free, or with shared prompts), this rank's slice through the model, the log-probs and entropies
+    of its response positions, summed across the group into the whole (B, R)."""
+    group = sequence_parallel.of(model)
+    responses = micro_batch["responses"]
+    shape = tuple(responses.shape)
+    ids, mask, positions = (micro_batch[key] for key in _TEXT_INPUTS)
+    vision_rows = micro_batch["multi_modal_inputs"] if "multi_modal_inputs" in micro_batch else None
+    groups = None
+    if shares_prompts(model, share_prompt):
+        groups = prompt_groups(ids, mask, shape[-1], vision_rows)
+        vision_rows = [vision_rows[rows[0]] for rows in groups] if vision_rows is not None else None
+    vision = merge_vision_inputs(vision_rows) if vision_rows is not None else {}
+    keepalive = vision_keepalive(model, model, vision, device=responses.device)
+    logits, owned = split_response_logits(model, ids, mask, positions, shape[-1], vision, groups)
+    logits = _scored_logits(logits, temperature, banned_token_ids or [], keepalive)
+    labels = responses.reshape(-1)[owned]
+    if labels.numel() == 0:  # the spare logit row split_inputs keeps: any label, discarded
+        labels = torch.zeros(1, dtype=responses.dtype, device=responses.device)
+    log_probs = sequence_parallel.combine_owned(
+        log_probs_from_logits(logits, labels, compiled=compiled), owned, shape, group
+    )
+    entropy = None
+    if with_entropy:
+        with nullcontext() if entropy_grad else torch.no_grad():
+            local = entropy_from_logits(logits, compiled=compiled)
+            entropy = sequence_parallel.combine_owned(local, owned, shape, group)
     return log_probs, entropy
 
 
@@ -266,18 +312,32 @@ class Actor:
     def compute_log_probs(self, batch: Batch, temperature: float, micro_batch_size: int) -> torch.Tensor:
         """(B, R) log-probs of ``batch['responses']``, computed in micro-batches without gradients."""
         self.model.eval()
+        # sequence parallelism: the group's members score their pooled shares together, each keeps its own rows
+        batch, own_rows = self._pooled(batch)
         with self.model.disable_adapter() if self.adapters_disabled else nullcontext():
             parts = [
                 (rows, self._log_probs(batch_to(micro, self.device), temperature)[0])
                 for rows, micro in self._micro_batches(batch, micro_batch_size)
             ]
-        return in_original_order(parts)
+        return in_original_order(parts)[own_rows]
+
+    def _pooled(self, batch: Batch) -> tuple[Batch, list[int]]:
+        """The sequence-parallel group's pooled rows and this rank's among them (the batch itself without a group)."""
+        group = sequence_parallel.of(self.model)
+        return group.gather_rows(batch) if group is not None else (batch, list(range(len(batch))))
+
+    @property
+    def sequence_parallel_size(self) -> int:
+        """How many ranks split each sequence (1 without sequence parallelism)."""
+        group = sequence_parallel.of(self.model)
+        return group.size if group is not None else 1
 
     def _log_probs(
         self, micro_batch: Batch, temperature: float, with_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         share_prompt = shares_prompts(self.model, getattr(self.config, "share_prompt", False))
-        self.computed_tokens += computed_tokens(micro_batch, share_prompt)
+        # each member of a sequence-parallel group runs its slice of the tokens (the MFU's numerator)
+        self.computed_tokens += computed_tokens(micro_batch, share_prompt) // self.sequence_parallel_size
         return response_log_probs(
             self.model,
             micro_batch,
@@ -315,6 +375,8 @@ class Actor:
         micro_loss = self._micro_loss(
             temperature, correction if correction is not None and correction.bypass else None
         )
+        batch, _ = self._pooled(batch)  # a sequence-parallel group's mini-batches hold every member's share
+        mini_batch_size *= self.sequence_parallel_size
         metrics = self._update_loop().run(batch, mini_batch_size, self.config.ppo_epochs, micro_loss)
         return self._finish_update(metrics)
 
@@ -338,8 +400,9 @@ class Actor:
         parts: list[tuple[list[int], torch.Tensor]] = []
         active = correction if correction is not None and correction.active else None
         micro_loss = self._micro_loss(temperature, active, parts)
+        batch, own_rows = self._pooled(batch)
         metrics = self._update_loop().run(batch, len(batch), 1, micro_loss)
-        return self._finish_update(metrics), in_original_order(parts)
+        return self._finish_update(metrics), in_original_order(parts)[own_rows]
 
     def _update_loop(self) -> PPOUpdate:
         assert self.optimizer is not None, "the reference model has no optimizer"
@@ -351,6 +414,7 @@ class Actor:
             self.device,
             lambda mini_batch: self._micro_batches(mini_batch, size),
             "actor/grad_norm",
+            sequence_parallel_size=self.sequence_parallel_size,
         )
 
     def _finish_update(self, metrics: dict[str, float]) -> dict[str, float]:

@@ -14,10 +14,12 @@ from transformers import PreTrainedModel
 
 from easyr1.algorithms import aggregate_loss
 from easyr1.algorithms.value_loss import compute_value_loss
+from easyr1.distributed import sequence_parallel
 from easyr1.models.families import forward_token_types
 from easyr1.models.vision_tower import vision_keepalive
-from easyr1.protocol import Batch
+from easyr1.protocol import Batch, merge_vision_inputs
 from easyr1.workers.actor import forward_inputs
+from easyr1.workers.packing import split_inputs
 from easyr1.workers.placement import batch_to, to_host
 from easyr1.workers.ppo_update import PPOUpdate, consecutive_micro_batches
 
@@ -44,6 +46,8 @@ class ValueModel(nn.Module):
 
 def response_values(model: ValueModel, micro_batch: Batch) -> torch.Tensor:
     """(B, R) values of the states that precede each response token."""
+    if sequence_parallel.of(model) is not None:
+        return _split_values(model, micro_batch)
     response_length = micro_batch["responses"].shape[-1]
     # the token types its family computes from the ids (Gemma 3's bidirectional image blocks)
     inputs = {**forward_inputs(micro_batch), **forward_token_types(model.backbone, micro_batch["input_ids"])}
@@ -51,6 +55,24 @@ def response_values(model: ValueModel, micro_batch: Batch) -> torch.Tensor:
     keepalive = vision_keepalive(model, model.backbone, inputs, device=micro_batch["responses"].device)
     values = model(**inputs)[:, -response_length - 1 : -1].float()
     return values if keepalive is None else values + keepalive
+
+
+def _split_values(model: ValueModel, micro_batch: Batch) -> torch.Tensor:
+    """:func:`response_values` under sequence parallelism (``distributed/sequence_parallel.py``): the micro-batch
+    packed padding-free, this rank's slice through the backbone, the value head at its response positions, the
+    values summed across the group into the whole (B, R)."""
+    responses = micro_batch["responses"]
+    ids, mask, positions = micro_batch["input_ids"], micro_batch["attention_mask"], micro_batch["position_ids"]
+    vision = merge_vision_inputs(micro_batch["multi_modal_inputs"]) if "multi_modal_inputs" in micro_batch else {}
+    keepalive = vision_keepalive(model, model.backbone, vision, device=responses.device)
+    split = split_inputs(model, ids, mask, positions, responses.shape[-1])
+    slice_values = model(
+        input_ids=split.input_ids, position_ids=split.position_ids, attention_mask=split.attention_mask, **vision
+    )
+    values = slice_values[0, split.keep].float()
+    if keepalive is not None:
+        values = values + keepalive
+    return sequence_parallel.combine_owned(values, split.owned, tuple(responses.shape), sequence_parallel.of(model))
 
 
 class Critic:
@@ -76,15 +98,21 @@ class Critic:
     def compute_values(self, batch: Batch, micro_batch_size: int) -> torch.Tensor:
         """(B, R) values of the rollout's response states (masked to 0 outside the response)."""
         self.model.eval()
+        group = sequence_parallel.of(self.model)
+        # sequence parallelism: the group's members score their pooled shares together, each keeps its own rows
+        pooled, own_rows = group.gather_rows(batch) if group is not None else (batch, None)
         parts = [
             to_host(response_values(self.model, batch_to(micro, self.device)))
-            for micro in batch.split(max(micro_batch_size, 1))
+            for micro in pooled.split(max(micro_batch_size, 1))
         ]
-        return torch.cat(parts) * batch["response_mask"]
+        values = torch.cat(parts)
+        return (values if own_rows is None else values[own_rows]) * batch["response_mask"]
 
     def update(self, batch: Batch, mini_batch_size: int) -> dict[str, float]:
         """PPO epochs of clipped value regression towards ``returns``; needs ``values`` (old) and ``returns``."""
         config = self.config
+        group = sequence_parallel.of(self.model)
+        size = group.size if group is not None else 1
         loop = PPOUpdate(
             self.model,
             self.optimizer,
@@ -92,8 +120,11 @@ class Critic:
             self.device,
             consecutive_micro_batches(config.micro_batch_size_per_device_for_update),
             "critic/grad_norm",
+            sequence_parallel_size=size,
         )
-        return loop.run(batch, mini_batch_size, config.ppo_epochs, self._micro_loss)
+        if group is not None:  # a sequence-parallel group's mini-batches hold every member's share
+            batch, _ = group.gather_rows(batch)
+        return loop.run(batch, mini_batch_size * size, config.ppo_epochs, self._micro_loss)
 
     def _micro_loss(
         self, rows: list[int], micro: Batch, norm: dict[str, float], sums: dict[str, float]

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from easyr1.distributed import sequence_parallel
 from easyr1.models import linear_attention
 from easyr1.models.families import family_of, forward_token_types
 from easyr1.workers import block_attention
@@ -326,3 +327,104 @@ def shared_response_logits(
         **vision,
     )
     return output.logits.reshape(input_ids.shape[0], response_length, -1)
+
+
+@dataclass
+class SplitInputs:
+    """One rank's share of a packed micro-batch under sequence parallelism (:func:`split_inputs`)."""
+
+    input_ids: torch.Tensor  # (1, T): the whole packed row, T a multiple of the group size
+    position_ids: torch.Tensor  # (4, 1, T) or (1, T)
+    attention_mask: torch.Tensor | None  # (1, 1, T, T) marked with its blocks (SDPA), None (flash attention)
+    keep: torch.Tensor  # (K,): positions inside this rank's slice whose outputs it computes
+    owned: torch.Tensor  # (B * R,) boolean: the response slots (row-major) predicted from this rank's slice
+
+
+def _pad_row(ids: torch.Tensor, positions: torch.Tensor, padding: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``padding`` tokens appended to a packed row: the row's last token repeated (a response token, never a vision
+    placeholder), positions restarting at 0 (a sample of their own, attending to nothing before it)."""
+    extra_ids = ids[:, -1:].expand(1, padding)
+    extra = torch.arange(padding, device=ids.device, dtype=positions.dtype)
+    if positions.dim() == 3:  # (rows, 1, T): every row restarts
+        extra_positions = extra.view(1, 1, padding).expand(positions.shape[0], 1, padding)
+    else:
+        extra_positions = extra.view(1, padding)
+    return torch.cat([ids, extra_ids], dim=1), torch.cat([positions, extra_positions], dim=-1)
+
+
+def _padded_block_mask(mask: torch.Tensor, bounds: list[tuple[int, int]], padding: int) -> torch.Tensor:
+    """A shared-prompt mask grown by a causal block of ``padding`` tokens, marked with its blocks."""
+    total = mask.shape[-1]
+    grown = torch.zeros(1, 1, total + padding, total + padding, dtype=torch.bool, device=mask.device)
+    grown[..., :total, :total] = mask
+    grown[..., total:, total:] = torch.ones(padding, padding, dtype=torch.bool, device=mask.device).tril()
+    return block_attention.mark_blocks(grown, [*bounds, (total, total + padding)])
+
+
+def split_inputs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_length: int,
+    groups: list[list[int]] | None = None,
+) -> SplitInputs:
+    """A micro-batch packed for a sequence-parallel forward (``distributed/sequence_parallel.py``).
+
+    Packed as :func:`packed_response_logits` packs it (or, given prompt ``groups``, as :func:`shared_response_logits`
+    does), then padded to a multiple of the group size with a sample of its own. ``keep`` lists the response
+    positions inside this rank's slice, relative to its start; a rank that owns none keeps one spare position (the
+    slice's first), discarded by ``owned``, so that the head after the decoder gets a (zero) gradient on every rank.
+    """
+    group = sequence_parallel.of(model)
+    assert group is not None, "split_inputs needs a model installed for sequence parallelism"
+    if groups is not None:
+        packed = pack_shared(input_ids, attention_mask, position_ids, response_length, groups)
+        ids, positions, mask = packed.input_ids, packed.position_ids, packed.attention_mask
+        padding = sequence_parallel.padding_for(ids.shape[1], group)
+        if padding:
+            mask = _padded_block_mask(mask, packed.group_bounds, padding)
+        else:
+            block_attention.mark_blocks(mask, packed.group_bounds)
+    else:
+        packed = pack(input_ids, attention_mask, position_ids, response_length)
+        ids, positions = packed.input_ids, packed.position_ids
+        padding = sequence_parallel.padding_for(ids.shape[1], group)
+        mask = None  # flash attention: the restarting positions delimit the samples
+        if getattr(model.config, "_attn_implementation", "sdpa") == "sdpa":
+            lengths = attention_mask.sum(dim=-1).tolist() + ([padding] if padding else [])
+            mask = block_attention.causal_block_mask(lengths, input_ids.device)
+    if padding:
+        ids, positions = _pad_row(ids, positions, padding)
+    block_attention.install()
+    start, end = group.bounds(ids.shape[1])
+    response_index = packed.response_index.reshape(-1)
+    owned = (response_index >= start) & (response_index < end)
+    keep = response_index[owned] - start
+    if keep.numel() == 0:
+        keep = torch.zeros(1, dtype=keep.dtype, device=keep.device)
+    return SplitInputs(ids, positions, mask, keep, owned)
+
+
+def split_response_logits(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_length: int,
+    vision_inputs: dict[str, torch.Tensor],
+    groups: list[list[int]] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's response logits under sequence parallelism: ``(K, V)`` logits at :func:`split_inputs`' ``keep``
+    positions, and its ``owned`` mask. With prompt ``groups``, ``vision_inputs`` are the groups' first rows' merged
+    inputs (as :func:`shared_response_logits` gives them)."""
+    split = split_inputs(model, input_ids, attention_mask, position_ids, response_length, groups)
+    output = model(
+        input_ids=split.input_ids,
+        position_ids=split.position_ids,
+        attention_mask=split.attention_mask,
+        use_cache=False,
+        logits_to_keep=split.keep,
+        **vision_inputs,
+    )
+    return output.logits.reshape(split.keep.numel(), -1), split.owned

@@ -28,19 +28,22 @@ MicroBatches = Callable[[Batch], Sequence[tuple[list[int], Batch]]]
 MicroLoss = Callable[[list[int], Batch, dict[str, float], dict[str, float]], torch.Tensor]
 
 
-def global_normalizers(mask: torch.Tensor, world_size: int) -> dict[str, float]:
+def global_normalizers(mask: torch.Tensor, world_size: int, sequence_parallel_size: int = 1) -> dict[str, float]:
     """The loss normalisers of a mini-batch: valid tokens and sequences summed over every worker's share.
 
     Passed to :func:`~easyr1.algorithms.aggregate_loss` with every micro-batch, they make the accumulated gradient
-    independent of the micro-batch size and of the number of workers.
+    independent of the micro-batch size and of the number of workers. Under sequence parallelism the members of a
+    group hold the same pooled rows: the world's sum counts them ``sequence_parallel_size`` times (divided out, exact
+    on counts), and the losses are shares of ``world_size / sequence_parallel_size`` data-parallel groups.
     """
     counts = torch.tensor(count_normalizers(mask), dtype=torch.float64)
     if dist.is_initialized():
         dist.all_reduce(counts)
+    counts /= sequence_parallel_size
     return {
         "num_global_tokens": counts[0].item(),
         "num_global_seqs": counts[1].item(),
-        "world_size": world_size,
+        "world_size": world_size // sequence_parallel_size,
         "loss_scale_factor": float(mask.shape[-1]),
     }
 
@@ -75,6 +78,9 @@ class PPOUpdate:
         device: each micro-batch is moved here before its loss.
         micro_batches: cuts a mini-batch into micro-batches.
         grad_norm_key: the metric name of the gradient norm (``actor/grad_norm``, ``critic/grad_norm``).
+        sequence_parallel_size: ranks that split each sequence (``distributed/sequence_parallel.py``). Each member's
+            gradients are its slice's part of its group's, and FSDP averages over the world: the loss is multiplied
+            by the group size so that the average over data-parallel groups comes out.
     """
 
     def __init__(
@@ -85,7 +91,9 @@ class PPOUpdate:
         device: torch.device,
         micro_batches: MicroBatches,
         grad_norm_key: str,
+        sequence_parallel_size: int = 1,
     ) -> None:
+        self.sequence_parallel_size = sequence_parallel_size
         self.model = model
         self.optimizer = optimizer
         self.max_grad_norm = max_grad_norm
@@ -108,11 +116,11 @@ class PPOUpdate:
     def step(self, mini_batch: Batch, micro_loss: MicroLoss, world_size: int) -> dict[str, float]:
         """Gradient accumulation over the micro-batches of ``mini_batch``, then one clipped optimizer step; returns
         the mini-batch's metrics (the micro-batches' sums and the gradient norm)."""
-        norm = global_normalizers(mini_batch["response_mask"], world_size)
+        norm = global_normalizers(mini_batch["response_mask"], world_size, self.sequence_parallel_size)
         sums: dict[str, float] = defaultdict(float)
         # the loss is a sum over micro-batches normalised by global counts, so their grouping does not matter
         for rows, micro in self.micro_batches(mini_batch):
             loss = micro_loss(rows, batch_to(micro, self.device), norm, sums)
-            loss.backward()
+            (loss * self.sequence_parallel_size if self.sequence_parallel_size > 1 else loss).backward()
         sums[self.grad_norm_key] = clipped_optimizer_step(self.model, self.optimizer, self.max_grad_norm)
         return dict(sums)

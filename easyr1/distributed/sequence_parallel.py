@@ -1,0 +1,315 @@
+"""Ulysses sequence parallelism: one packed micro-batch's sequence split across the ranks of a group.
+
+With ``worker.actor.ulysses_size=N`` the world is cut into groups of N consecutive ranks. The members of a group pool
+their shares of the batch (:meth:`SequenceParallelGroup.gather_rows`), so that they run the same micro-batches; each
+micro-batch is packed into one row of T tokens (padded to a multiple of N) and every member runs T / N of them
+through the decoder:
+
+- the embeddings (and the vision tower's output placed at the image tokens) are computed for the whole row, then the
+  decoder's input, its position ids (the m-rope rows too) and Qwen3-VL's deepstack features are cut to the member's
+  slice by a pre-hook on the text decoder (:func:`install`);
+- in every decoder attention, queries, keys and values go from ``(B, H, T/N, d)`` to ``(B, H/N, T, d)`` by one
+  all-to-all, the attention (SDPA over the packed row's block mask, or flash attention) runs on the whole sequence
+  for H/N heads, and a second all-to-all brings the output back to the member's slice with every head. Key-value
+  heads that N does not divide are repeated to the query heads first;
+- the LM head (or the value head) runs on the member's slice only, for the response positions that fall in it; the
+  log-probs, entropies (or values) of every position are then summed across the group, each member contributing its
+  own (:func:`combine_owned`).
+
+Gradients: every member computes the same loss from the combined values, so the combination passes the gradient
+back unchanged (a reduction would count it N times); each member's parameter gradients then hold its slice's part,
+and their sum is the whole. FSDP averages gradients over the world; the update multiplies the loss by N so that the
+average over data-parallel groups comes out (``workers/ppo_update.py``). Parameters are sharded over the whole world,
+as without sequence parallelism: checkpoints do not depend on N.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from easyr1.errors import ConfigError
+from easyr1.protocol import Batch
+
+
+SEQUENCE_PARALLEL_ATTRIBUTE = "_easyr1_sequence_parallel"
+# the attention implementations whose decoder attention the all-to-all wraps (eager attention is not dispatched through
+# transformers' registry, so nothing could wrap it)
+SUPPORTED_ATTENTION = ("sdpa", "flash_attention_2", "flash_attention_3")
+
+
+def sequence_parallel_groups(world_size: int, size: int) -> list[list[int]]:
+    """The ranks of every sequence-parallel group: consecutive blocks of ``size`` ranks."""
+    if size < 1 or world_size % size:
+        raise ValueError(f"ulysses_size={size} must be at least 1 and divide the world size {world_size}")
+    return [list(range(start, start + size)) for start in range(0, world_size, size)]
+
+
+class SequenceParallelGroup:
+    """This rank's sequence-parallel group. Constructing it is collective (``dist.new_group`` is): every rank builds
+    its group in the same order relative to other group creations."""
+
+    def __init__(self, size: int) -> None:
+        world_size, rank = dist.get_world_size(), dist.get_rank()
+        groups = sequence_parallel_groups(world_size, size)
+        self.ranks = groups[rank // size]
+        self.index = self.ranks.index(rank)
+        self.process_group: Any = None  # the tensors' collectives (all-to-all, all-reduce): the default backend
+        self.rows_group: Any = None  # the pooled rows, pickled Python objects on the host: gloo
+        if size > 1:
+            self.process_group, _ = dist.new_subgroups_by_enumeration(groups)
+            self.rows_group, _ = dist.new_subgroups_by_enumeration(groups, backend="gloo")
+        # the whole row's text positions of the forward in flight (flash attention finds its sequences in them)
+        self.full_positions: torch.Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        """How many ranks split one sequence."""
+        return len(self.ranks)
+
+    @property
+    def data_parallel_size(self) -> int:
+        """How many groups take different data: the world size over the group size."""
+        return dist.get_world_size() // self.size
+
+    def gather_rows(self, rows: Batch) -> tuple[Batch, list[int]]:
+        """All members' rows in rank order, and the positions of this rank's own rows among them (collective)."""
+        if self.size == 1:
+            return rows, list(range(len(rows)))
+        parts: list[Batch | None] = [None] * self.size
+        dist.all_gather_object(parts, rows, group=self.rows_group)
+        start = sum(len(part) for part in parts[: self.index])
+        return Batch.concat(parts), list(range(start, start + len(rows)))
+
+    def bounds(self, length: int) -> tuple[int, int]:
+        """This member's slice ``[start, end)`` of a row of ``length`` tokens (a multiple of the group size)."""
+        if length % self.size:
+            raise ValueError(f"a row of {length} tokens cannot be split across {self.size} ranks")
+        share = length // self.size
+        return self.index * share, (self.index + 1) * share
+
+
+def of(model: nn.Module) -> SequenceParallelGroup | None:
+    """The group ``model`` runs its sequences across (:func:`install`), or ``None``."""
+    return getattr(model, SEQUENCE_PARALLEL_ATTRIBUTE, None)
+
+
+def padding_for(length: int, group: SequenceParallelGroup | None) -> int:
+    """Tokens to append to a packed row of ``length`` tokens so that the group splits it evenly."""
+    if group is None or group.size == 1:
+        return 0
+    return -length % group.size
+
+
+# ----------------------------------------------------------------------------------------------- the collectives
+class _AllToAll(torch.autograd.Function):
+    """Split ``x`` along ``scatter_dim`` into one chunk per member, send chunk j to member j, concatenate what arrives
+    along ``gather_dim``; the backward is the opposite exchange."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: Any, scatter_dim: int, gather_dim: int) -> torch.Tensor:
+        ctx.group, ctx.scatter_dim, ctx.gather_dim = group, scatter_dim, gather_dim
+        size = dist.get_world_size(group)
+        inputs = [chunk.contiguous() for chunk in x.chunk(size, dim=scatter_dim)]
+        outputs = [torch.empty_like(inputs[0]) for _ in range(size)]
+        dist.all_to_all(outputs, inputs, group=group)
+        return torch.cat(outputs, dim=gather_dim)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        return _AllToAll.apply(grad, ctx.group, ctx.gather_dim, ctx.scatter_dim), None, None, None
+
+
+def all_to_all(x: torch.Tensor, group: SequenceParallelGroup, scatter_dim: int, gather_dim: int) -> torch.Tensor:
+    """:class:`_AllToAll` over the group (differentiable)."""
+    return _AllToAll.apply(x, group.process_group, scatter_dim, gather_dim)
+
+
+class _SumOfOwnedParts(torch.autograd.Function):
+    """The group's sum of tensors that are zero outside each member's own entries; the gradient passes unchanged,
+    since every member computes the same loss from the sum."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: Any) -> torch.Tensor:
+        total = x.clone()
+        dist.all_reduce(total, group=group)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+def combine_owned(
+    values: torch.Tensor, owned: torch.Tensor, shape: tuple[int, ...], group: SequenceParallelGroup
+) -> torch.Tensor:
+    """The group's whole ``shape`` tensor from each member's ``values`` at the flat positions ``owned`` (a boolean
+    mask over ``shape``'s elements; every element owned by exactly one member). Differentiable, see
+    :class:`_SumOfOwnedParts`."""
+    flat = values.new_zeros(owned.numel()).masked_scatter(owned, values)
+    return _SumOfOwnedParts.apply(flat, group.process_group).view(shape)
+
+
+# ------------------------------------------------------------------------------------------------ the attention
+class _SharedKeyValueHeads:
+    """``module`` as the attention function sees it after the key-value heads were repeated to the query heads."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self._module = module
+        self.num_key_value_groups = 1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+
+def _repeat_heads(states: torch.Tensor, times: int) -> torch.Tensor:
+    """(B, kv_heads, T, d) -> (B, kv_heads * times, T, d), each head repeated in place (query heads' grouping)."""
+    return states.repeat_interleave(times, dim=1) if times > 1 else states
+
+
+def sequence_parallel_attention(inner: Callable[..., Any]) -> Callable[..., Any]:
+    """An attention function that runs ``inner`` over the whole sequence for a share of the heads, for modules
+    :func:`install` marked; other calls (the vision tower, an unmarked model) go to ``inner`` unchanged."""
+
+    def attention(
+        module: nn.Module,
+        query: torch.Tensor,  # (B, H, T/N, d)
+        key: torch.Tensor,  # (B, H_kv, T/N, d)
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, Any]:
+        group: SequenceParallelGroup | None = getattr(module, SEQUENCE_PARALLEL_ATTRIBUTE, None)
+        if group is None or group.size == 1:
+            return inner(module, query, key, value, attention_mask, **kwargs)
+        size = group.size
+        if key.shape[1] % size:  # fewer key-value heads than ranks (or not a multiple): each rank gets its queries'
+            groups = query.shape[1] // key.shape[1]
+            key, value = _repeat_heads(key, groups), _repeat_heads(value, groups)
+            module = _SharedKeyValueHeads(module)
+        query, key, value = (all_to_all(states, group, scatter_dim=1, gather_dim=2) for states in (query, key, value))
+        if "position_ids" in kwargs and group.full_positions is not None:
+            kwargs["position_ids"] = group.full_positions  # flash attention: the whole row's sequence starts
+        output, weights = inner(module, query, key, value, attention_mask, **kwargs)  # (B, T, H/N, d)
+        return all_to_all(output, group, scatter_dim=1, gather_dim=2), weights  # (B, T/N, H, d)
+
+    attention.easyr1_sequence_parallel = True
+    return attention
+
+
+_wrapped: set[str] = set()
+
+
+def _wrap_attention(implementation: str) -> None:
+    """Register :func:`sequence_parallel_attention` around transformers' function for ``implementation``, once."""
+    if implementation in _wrapped:
+        return
+    from transformers import AttentionInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if implementation == "sdpa":
+        from easyr1.workers import block_attention
+
+        block_attention.install()  # first, so that its registration cannot replace this one later
+    inner = ALL_ATTENTION_FUNCTIONS[implementation]
+    if not getattr(inner, "easyr1_sequence_parallel", False):
+        AttentionInterface.register(implementation, sequence_parallel_attention(inner))
+    _wrapped.add(implementation)
+
+
+# ------------------------------------------------------------------------------------------------- the decoder
+def text_decoder(model: nn.Module) -> nn.Module:
+    """The text decoder inside ``model`` (the module holding ``embed_tokens`` and the decoder ``layers``), found by
+    structure so that wrappers (LoRA, the value model) and every family's nesting are covered."""
+    for _, module in model.named_modules():
+        if hasattr(module, "embed_tokens") and isinstance(getattr(module, "layers", None), nn.ModuleList):
+            return module
+    raise ValueError(f"{type(model).__name__}: no text decoder (a module with embed_tokens and layers) found")
+
+
+def _slice_tokens(value: torch.Tensor, start: int, end: int, dim: int) -> torch.Tensor:
+    return value.narrow(dim, start, end - start)
+
+
+def _decoder_pre_hook(group: SequenceParallelGroup) -> Callable[..., Any]:
+    def cut(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        if args:
+            raise TypeError("the text decoder is called with keyword arguments only under sequence parallelism")
+        embeds = kwargs.get("inputs_embeds")
+        tokens = embeds if embeds is not None else kwargs["input_ids"]
+        start, end = group.bounds(tokens.shape[1])
+        if embeds is not None:
+            kwargs["inputs_embeds"] = _slice_tokens(embeds, start, end, 1)
+        else:
+            kwargs["input_ids"] = _slice_tokens(kwargs["input_ids"], start, end, 1)
+        positions = kwargs.get("position_ids")
+        if positions is None:
+            raise ValueError("sequence parallelism needs explicit position ids (the packed row's restarts)")
+        group.full_positions = positions[0] if positions.dim() == 3 else positions
+        kwargs["position_ids"] = _slice_tokens(positions, start, end, positions.dim() - 1)
+        visual = kwargs.get("visual_pos_masks")
+        if visual is not None:  # Qwen3-VL's deepstack: features added to the vision tokens of early layers
+            before, inside = int(visual[:, :start].sum()), int(visual[:, start:end].sum())
+            kwargs["visual_pos_masks"] = _slice_tokens(visual, start, end, 1)
+            deepstack = kwargs.get("deepstack_visual_embeds")
+            if deepstack is not None:
+                kwargs["deepstack_visual_embeds"] = [features[before : before + inside] for features in deepstack]
+        return args, kwargs
+
+    return cut
+
+
+def check_model(model: nn.Module, size: int, key: str) -> None:
+    """Refuse, before any forward, what the split cannot run: heads N does not divide, linear attention (a state
+    along the sequence), families that build their own masks from token types, eager attention."""
+    from easyr1.models.families import family_of
+    from easyr1.models.linear_attention import has_linear_attention
+
+    config = model.config
+    text = getattr(config, "text_config", None) or config
+    heads = getattr(text, "num_attention_heads", None)
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    name = getattr(config, "model_type", type(model).__name__)
+    if heads is None or heads % size:
+        raise ConfigError(
+            f"{key}={size}: the model ({name}) has {heads} attention heads ({kv_heads} key-value heads), which "
+            f"{size} ranks cannot share evenly; use a ulysses_size that divides {heads}"
+        )
+    if has_linear_attention(config):
+        raise ConfigError(
+            f"{key}={size}: {name} has linear-attention layers, whose state runs along the whole sequence and cannot "
+            "be split across ranks; set ulysses_size=1"
+        )
+    if family_of(config).token_types is not None:
+        raise ConfigError(
+            f"{key}={size}: {name} builds its attention masks from token types (bidirectional image blocks, sliding "
+            "windows), which the split does not carry; set ulysses_size=1"
+        )
+    implementation = str(getattr(text, "_attn_implementation", None) or getattr(config, "_attn_implementation", ""))
+    if implementation not in SUPPORTED_ATTENTION:
+        raise ConfigError(
+            f"{key}={size}: the model runs {implementation!r} attention; sequence parallelism needs one of "
+            f"{', '.join(SUPPORTED_ATTENTION)}"
+        )
+
+
+def install(model: nn.Module, group: SequenceParallelGroup, key: str = "worker.actor.ulysses_size") -> None:
+    """Run ``model``'s forwards across ``group``: mark it and its decoder attentions, cut the decoder's input to this
+    rank's slice, wrap the attention implementation. A group of one leaves the model as it is."""
+    if group.size == 1:
+        return
+    check_model(model, group.size, key)
+    decoder = text_decoder(model)
+    for layer in decoder.layers:
+        attention = getattr(layer, "self_attn", None)
+        if attention is None:
+            raise ValueError(f"{type(layer).__name__} has no self_attn to split across ranks")
+        setattr(attention, SEQUENCE_PARALLEL_ATTRIBUTE, group)
+    decoder.register_forward_pre_hook(_decoder_pre_hook(group), with_kwargs=True)
+    text = getattr(model.config, "text_config", None) or model.config
+    _wrap_attention(str(getattr(text, "_attn_implementation", None) or model.config._attn_implementation))
+    setattr(model, SEQUENCE_PARALLEL_ATTRIBUTE, group)
