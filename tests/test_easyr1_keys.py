@@ -380,7 +380,6 @@ COMPATIBILITY_ONLY = {
     "worker.critic.loss_avg_mode": "seq",
     "worker.critic.padding_free": True,
     "worker.critic.dynamic_batching": False,
-    "worker.critic.ulysses_size": 2,
 }
 
 
@@ -400,11 +399,12 @@ def test_the_keys_that_act_are_not_compatibility_only():
     assert config.trainer.ray_timeline == "/tmp/timeline.json"
 
 
-def test_a_critic_ulysses_size_is_refused_when_a_critic_is_built():
+def test_a_critic_ulysses_size_that_does_not_divide_the_workers_is_refused_when_a_critic_is_built():
     argv = [*REQUIRED, "worker.reward.reward_function=/r/r.py", "algorithm.adv_estimator=gae"]
     load_config(argv)
-    with pytest.raises(ConfigError, match=r"worker.critic.ulysses_size=2: Ulysses sequence parallelism is not"):
-        load_config([*argv, "worker.critic.ulysses_size=2"])
+    load_config([*argv[:-1], "worker.critic.ulysses_size=3"])  # grpo: no critic, nothing to split
+    with pytest.raises(ConfigError, match=r"worker.critic.ulysses_size=3 does not divide the \d+ workers"):
+        load_config([*argv, "worker.critic.ulysses_size=3"])
 
 
 # ---------------------------------------------------------------------------------------------------- the page

@@ -69,7 +69,6 @@ def test_easyr1_yaml_gets_the_device_defaults():
     [
         ("worker.ref.fsdp.mp_buffer_dtype=bf16", "worker.ref.fsdp.mp_buffer_dtype='bf16' cannot act"),
         ("worker.critic.fsdp.mp_param_dtype=int8", "worker.critic.fsdp.mp_param_dtype"),
-        ("worker.actor.ulysses_size=2", "Ulysses sequence parallelism is not implemented"),
         ("worker.critic.optim.implementation=fast", "worker.critic.optim.implementation='fast' is not supported"),
         ("worker.critic.optim.strategy=adam", "worker.critic.optim.strategy='adam' is not supported"),
     ],

@@ -176,7 +176,9 @@ class ActorConfig:
         True, "micro-batches of near-equal token count, as many as micro_batch_size full-length rows would need"
     )
     ulysses_size: int = option(
-        1, "Ulysses sequence-parallel group size: only 1 (not implemented)", compatibility_only=True
+        1,
+        "Ulysses sequence-parallel group size: ranks that split each packed sequence (long videos, long answers); "
+        "divides the workers and the model's attention heads; implies padding_free's packing",
     )
     use_torch_compile: bool = option(
         True, "compile the log-prob computation with torch.compile (CUDA only; on CPU a notice, then eager)"
@@ -240,7 +242,8 @@ class CriticConfig:
     ppo_epochs: int = option(1, "passes over each rollout batch")
     padding_free: bool = option(
         False,
-        "EasyR1 packs the critic's micro-batches when true; the critic here always pads them (same values)",
+        "EasyR1 packs the critic's micro-batches when true; the critic here pads them (same values), and packs them "
+        "under ulysses_size > 1",
         compatibility_only=True,
     )
     dynamic_batching: bool = option(
@@ -249,7 +252,9 @@ class CriticConfig:
         compatibility_only=True,
     )
     ulysses_size: int = option(
-        1, "Ulysses sequence-parallel group size of the critic: only 1 (not implemented)", compatibility_only=True
+        1,
+        "Ulysses sequence-parallel group size of the critic: ranks that split each packed sequence; divides the "
+        "workers and the model's attention heads",
     )
     model: ModelConfig = section(ModelConfig, "the value model's backbone (null model_path: the actor's)")
     optim: OptimConfig = section(OptimConfig, "the critic's optimizer")

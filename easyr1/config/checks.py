@@ -27,7 +27,7 @@ def _largest_divisor_up_to(number: int, limit: int) -> int:
     return max(d for d in range(1, max(1, min(number, limit)) + 1) if number % d == 0)
 
 
-def _estimator_needs(name: str) -> EstimatorNeeds:
+def known_estimator_needs(name: str) -> EstimatorNeeds:
     """The registered estimator's needs; none for an unknown name (reported by the name check)."""
     return estimator_needs(name) if name in ADV_ESTIMATORS else EstimatorNeeds()
 
@@ -84,7 +84,7 @@ def check_sizes(
                 f"data.mini_rollout_batch_size={data.mini_rollout_batch_size} must divide data.rollout_batch_size="
                 f"{rollout_size}: a step's prompts are drawn in whole generation rounds"
             )
-    needs = _estimator_needs(algorithm.adv_estimator)
+    needs = known_estimator_needs(algorithm.adv_estimator)
     if needs.critic:
         if critic.global_batch_size > rollout_size or rollout_size % max(critic.global_batch_size, 1):
             problems.append(
@@ -126,20 +126,15 @@ def check_sizes(
             f"worker.rollout.tensor_parallel_size={size} does not divide {who}: every group needs all its members; "
             f"use a size that divides {workers}"
         )
-    if actor.ulysses_size > 1:
-        problems.append(
-            f"worker.actor.ulysses_size={actor.ulysses_size}: Ulysses sequence parallelism is not implemented; set "
-            "ulysses_size=1 and fit long sequences with worker.actor.padding_free=true, smaller "
-            "micro_batch_size_per_device_for_update / _for_experience, and "
-            "worker.actor.model.enable_gradient_checkpointing=true"
-        )
-    if needs.critic and critic.ulysses_size != 1:
-        problems.append(
-            f"worker.critic.ulysses_size={critic.ulysses_size}: Ulysses sequence parallelism is not implemented; set "
-            "worker.critic.ulysses_size=1 and fit long sequences with smaller "
-            "worker.critic.micro_batch_size_per_device_for_update / _for_experience and "
-            "worker.critic.model.enable_gradient_checkpointing=true"
-        )
+    sequence_parallel = {"worker.actor.ulysses_size": actor.ulysses_size}
+    if needs.critic:
+        sequence_parallel["worker.critic.ulysses_size"] = critic.ulysses_size
+    for key, group_size in sequence_parallel.items():
+        if group_size > 1 and workers % group_size:
+            problems.append(
+                f"{key}={group_size} does not divide {who}: every sequence-parallel group needs all its members; use "
+                f"a size that divides {workers}"
+            )
     nodes, per_node, tp = trainer.nnodes, trainer.n_gpus_per_node, rollout.tensor_parallel_size
     if nodes > 1 and per_node >= 1 and tp >= 1 and per_node % tp:
         problems.append(
@@ -178,7 +173,7 @@ def check_estimator_env(algorithm: AlgorithmConfig, env: EnvConfig, data: DataCo
     """An estimator that reads each token's turn (``turn_gae``) needs a multi-turn run (the ``env`` section); an
     agent run needs a turn that fits the response budget, and no DAPO refills or greedy-baseline round (the
     multi-turn stage plays neither); ``env.context=latest`` needs an estimator with one advantage per sample."""
-    needs = _estimator_needs(algorithm.adv_estimator)
+    needs = known_estimator_needs(algorithm.adv_estimator)
     if needs.turn_ids and not env.enabled:
         problems.append(
             f"algorithm.adv_estimator={algorithm.adv_estimator} assigns credit over an episode's turns and needs a "
@@ -218,12 +213,17 @@ def _model_value(model_config: Mapping[str, Any], key: str) -> Any:
 
 
 def model_problems(
-    data: DataConfig, model: ModelConfig, rollout: RolloutConfig, model_config: Mapping[str, Any]
+    data: DataConfig,
+    model: ModelConfig,
+    rollout: RolloutConfig,
+    model_config: Mapping[str, Any],
+    sequence_parallel: Mapping[str, int] | None = None,
 ) -> list[str]:
     """What does not fit the model's ``config.json`` (``model_config``): a model type outside the supported
     families (then that is the only problem returned), sequence lengths beyond ``max_position_embeddings``, a
     tensor-parallel size that does not divide the attention heads, a vision setting with a text-only model, vLLM
-    without chunked prefill for a model with linear-attention layers, a router loss for a model without routers."""
+    without chunked prefill for a model with linear-attention layers, a router loss for a model without routers, a
+    Ulysses size (``sequence_parallel``: key -> size) the model's attention cannot be split by."""
     # The user's override_config wins over the file, as it does when the model is loaded.
     model_config = {**model_config, **model.override_config}
     model_path = model.model_path
@@ -252,6 +252,9 @@ def model_problems(
             f"worker.rollout.tensor_parallel_size={tp} does not divide the model's num_attention_heads={heads} "
             f"({model_path}); use a tensor_parallel_size that divides {heads}"
         )
+    for key, size in (sequence_parallel or {}).items():
+        if size > 1:
+            problems.extend(sequence_parallel_problems(key, size, model_config, model_path))
     if rollout.name == "vllm" and has_linear_attention(model_config) and not rollout.enable_chunked_prefill:
         problems.append(
             f"the model ({model_path}) has linear-attention layers (model_type={model_config.get('model_type')}), "
@@ -267,5 +270,31 @@ def model_problems(
         problems.append(
             f"worker.actor.model.router_aux_loss_coef={model.router_aux_loss_coef} but the model ({model_path}, "
             f"model_type={model_config.get('model_type')}) has no mixture-of-experts router; set it to 0"
+        )
+    return problems
+
+
+def sequence_parallel_problems(key: str, size: int, model_config: Mapping[str, Any], model_path: str) -> list[str]:
+    """Why ``key=size`` (a Ulysses size above 1) cannot split the model's sequences: attention heads it does not
+    divide, linear-attention layers (a state along the whole sequence), masks built from token types."""
+    heads = _model_value(model_config, "num_attention_heads")
+    kv_heads = _model_value(model_config, "num_key_value_heads") or heads
+    model_type = model_config.get("model_type")
+    problems = []
+    if heads is not None and heads % size:
+        problems.append(
+            f"{key}={size} does not divide the model's num_attention_heads={heads} (num_key_value_heads={kv_heads}; "
+            f"{model_path}): each rank attends with an equal share of the heads; use a size that divides {heads}"
+        )
+    if has_linear_attention(model_config):
+        problems.append(
+            f"{key}={size}: the model ({model_path}, model_type={model_type}) has linear-attention layers, whose "
+            "state runs along the whole sequence and cannot be split across ranks; set it to 1"
+        )
+    if family_of(model_config).token_types is not None:
+        problems.append(
+            f"{key}={size}: the model ({model_path}, model_type={model_type}) builds its attention masks from token "
+            "types (image blocks attending bidirectionally, sliding windows), which a split sequence does not "
+            "carry; set it to 1"
         )
     return problems

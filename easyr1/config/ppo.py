@@ -24,7 +24,7 @@ from easyr1.config.actor import (
     resolve_loss_aliases,
 )
 from easyr1.config.algorithm import ALGORITHM_RANGES, AlgorithmConfig, check_algorithm_names, check_algorithm_pairs
-from easyr1.config.checks import check_estimator_env, check_sizes, model_problems
+from easyr1.config.checks import check_estimator_env, check_sizes, known_estimator_needs, model_problems
 from easyr1.config.data import DATA_RANGES, DataConfig, check_data_pairs
 from easyr1.config.env import ENV_RANGES, EnvConfig, check_env_names
 from easyr1.config.fields import get_key, iter_fields, mirror_source, option, section, set_key
@@ -244,7 +244,10 @@ def check_against_model(config: PPOConfig, model_config: Mapping[str, Any]) -> N
     tensor-parallel size does not divide the attention heads, or when a vision setting is used with a text-only model.
     """
     model = config.worker.actor.model
-    problems = model_problems(config.data, model, config.worker.rollout, model_config)
+    sequence_parallel = {"worker.actor.ulysses_size": config.worker.actor.ulysses_size}
+    if known_estimator_needs(config.algorithm.adv_estimator).critic:
+        sequence_parallel["worker.critic.ulysses_size"] = config.worker.critic.ulysses_size
+    problems = model_problems(config.data, model, config.worker.rollout, model_config, sequence_parallel)
     if len(problems) == 1:
         raise ConfigError(problems[0])
     if problems:

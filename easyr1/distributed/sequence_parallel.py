@@ -144,6 +144,19 @@ class _SumOfOwnedParts(torch.autograd.Function):
         return grad, None
 
 
+def group_sum(values: torch.Tensor, group: SequenceParallelGroup) -> torch.Tensor:
+    """The sum of ``values`` over the group's members, for a loss every member computes the same way from it: the
+    gradient passes back unchanged (:class:`_SumOfOwnedParts`)."""
+    return _SumOfOwnedParts.apply(values, group.process_group)
+
+
+def local_token_mask(group: SequenceParallelGroup, tokens: int, device: torch.device | str) -> torch.Tensor:
+    """(T / N,) mask of this member's slice of a packed row of ``tokens`` tokens padded for the group
+    (:func:`padding_for`): 1 for the row's tokens, 0 for the padding."""
+    start, end = group.bounds(tokens + padding_for(tokens, group))
+    return (torch.arange(start, end, device=device) < tokens).float()
+
+
 def combine_owned(
     values: torch.Tensor, owned: torch.Tensor, shape: tuple[int, ...], group: SequenceParallelGroup
 ) -> torch.Tensor:
@@ -151,7 +164,7 @@ def combine_owned(
     mask over ``shape``'s elements; every element owned by exactly one member). Differentiable, see
     :class:`_SumOfOwnedParts`."""
     flat = values.new_zeros(owned.numel()).masked_scatter(owned, values)
-    return _SumOfOwnedParts.apply(flat, group.process_group).view(shape)
+    return group_sum(flat, group).view(shape)
 
 
 # ------------------------------------------------------------------------------------------------ the attention

@@ -17,7 +17,7 @@ padding-free and the shared-prompt forwards all give them without changing how t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -70,13 +70,19 @@ def recorded_router_logits(model: nn.Module) -> Iterator[list[torch.Tensor]]:
 
 
 def load_balancing_loss(
-    router_logits: list[torch.Tensor], num_experts: int, top_k: int, token_mask: torch.Tensor | None = None
+    router_logits: list[torch.Tensor],
+    num_experts: int,
+    top_k: int,
+    token_mask: torch.Tensor | None = None,
+    group_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The Switch-Transformer load-balancing loss over every layer's router logits (see the module docstring).
 
     ``token_mask``: the forward's ``attention_mask`` when the logits have one row per entry of it (a padded
     batch: padding does not count); a padding-free or shared-prompt forward has valid tokens only, so any other
-    row count counts every row.
+    row count counts every row. ``group_sum``: under sequence parallelism each rank's logits are its slice of the
+    row (``token_mask`` then masks the padding of the split); the counts and probability sums are summed over the
+    group before the loss (``distributed/sequence_parallel.group_sum``), so every rank computes the whole row's.
     """
     counts = torch.zeros(num_experts, dtype=torch.float32, device=router_logits[0].device)
     probability_sums = torch.zeros_like(counts)
@@ -90,4 +96,6 @@ def load_balancing_loss(
         counts = counts.index_add(0, chosen.reshape(-1), weights.repeat_interleave(top_k))
         probability_sums = probability_sums + (probabilities * weights[:, None]).sum(dim=0)
         rows = rows + weights.sum()
+    if group_sum is not None:
+        counts, probability_sums, rows = (group_sum(value) for value in (counts, probability_sums, rows))
     return num_experts * torch.sum((counts / rows) * (probability_sums / rows))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import socket
 import sys
 import tempfile
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,21 +56,39 @@ def _loss_weights(shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
 def run_layout(model: torch.nn.Module, case, batch, layout: str) -> Outputs:
     """One forward of the whole batch as one micro-batch in ``layout``, and the gradients of a fixed random mix of its
     log-probs and entropies."""
-    from easyr1.workers.actor import response_log_probs
+    from easyr1.distributed import sequence_parallel
+    from easyr1.models.moe import load_balancing_loss, moe_settings, recorded_router_logits, router_recorder
+    from easyr1.workers.actor import computed_tokens, response_log_probs, shares_prompts
 
     model.zero_grad(set_to_none=True)
-    log_probs, entropy = response_log_probs(
-        model,
-        batch,
-        1.0,
-        with_entropy=True,
-        banned_token_ids=case.banned,
-        padding_free=layout == "padding_free",
-        share_prompt=layout == "share_prompt",
-    )
+    routed = router_recorder(model) is not None
+    with recorded_router_logits(model) if routed else nullcontext() as router_logits:
+        log_probs, entropy = response_log_probs(
+            model,
+            batch,
+            1.0,
+            with_entropy=True,
+            banned_token_ids=case.banned,
+            padding_free=layout == "padding_free",
+            share_prompt=layout == "share_prompt",
+        )
     mask = batch["response_mask"].float()
     first, second = _loss_weights(tuple(mask.shape))
-    ((log_probs * first * mask).sum() + (entropy * second * mask).sum()).backward()
+    loss = (log_probs * first * mask).sum() + (entropy * second * mask).sum()
+    if routed:  # a mixture of experts: the router's load-balancing loss too, over the whole row
+        group = sequence_parallel.of(model)
+        if group is None:
+            loss = loss + load_balancing_loss(router_logits, *moe_settings(model))
+        else:
+            tokens = computed_tokens(batch, shares_prompts(model, layout == "share_prompt"))
+            token_mask = sequence_parallel.local_token_mask(group, tokens, log_probs.device)
+            loss = loss + load_balancing_loss(
+                router_logits,
+                *moe_settings(model),
+                token_mask,
+                lambda value: sequence_parallel.group_sum(value, group),
+            )
+    loss.backward()
     gradients = {
         name: param.grad.detach().clone() for name, param in model.named_parameters() if param.grad is not None
     }

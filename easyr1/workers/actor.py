@@ -424,6 +424,19 @@ class Actor:
             self.lr_scheduler.step()
         return metrics
 
+    def _load_balancing_loss(self, router_logits: list[torch.Tensor], micro: Batch) -> torch.Tensor:
+        """The router's load-balancing loss of a micro-batch's forward; under sequence parallelism over the whole
+        row, each rank's slice without the split's padding."""
+        group = sequence_parallel.of(self.model)
+        if group is None:
+            return load_balancing_loss(router_logits, *moe_settings(self.model), micro["attention_mask"])
+        share_prompt = shares_prompts(self.model, getattr(self.config, "share_prompt", False))
+        tokens = computed_tokens(micro, share_prompt)
+        mask = sequence_parallel.local_token_mask(group, tokens, router_logits[0].device)
+        return load_balancing_loss(
+            router_logits, *moe_settings(self.model), mask, lambda value: sequence_parallel.group_sum(value, group)
+        )
+
     def _micro_loss(
         self,
         temperature: float,
@@ -495,7 +508,7 @@ class Actor:
             if router_aux_loss_coef:
                 # the micro-batch's load-balancing loss, weighted by its share of the mini-batch's response tokens
                 # as the metrics are: the update's term is the token-weighted mean over the micro-batches
-                aux_loss = load_balancing_loss(router_logits, *moe_settings(self.model), micro["attention_mask"])
+                aux_loss = self._load_balancing_loss(router_logits, micro)
                 loss = loss + router_aux_loss_coef * share * aux_loss
                 sums["actor/router_aux_loss"] += aux_loss.item() * share
             # Every metric is this worker's share of a global mean, scaled by the world size (like the losses), so

@@ -39,6 +39,8 @@ from easyr1.distributed.fsdp import (
 )
 from easyr1.distributed.offload import Residency
 from easyr1.distributed.precision import Precision, resolve_precision
+from easyr1.distributed.sequence_parallel import SequenceParallelGroup
+from easyr1.distributed.sequence_parallel import install as install_sequence_parallel
 from easyr1.distributed.tensor_parallel import TensorParallelGroup
 from easyr1.distributed.weight_push import PushStats, WeightPushGroup
 from easyr1.distributed.worker import Worker, device_type
@@ -119,6 +121,8 @@ class HybridWorker(Worker):
             self._init_generator(model_config)
             return
         mesh = data_parallel_mesh(self.device)
+        # Ulysses: groups of consecutive ranks split each sequence; parameters stay sharded over the whole world
+        actor_group = SequenceParallelGroup(actor_config.ulysses_size)
 
         def prepare_actor(model: nn.Module) -> nn.Module:
             if model_config.enable_gradient_checkpointing:
@@ -128,6 +132,7 @@ class HybridWorker(Worker):
             if model_config.lora.rank > 0:
                 model = apply_lora(model, model_config.lora)
                 self.lora_scaling = lora_scaling(adapter_config_of(model))
+            install_sequence_parallel(model, actor_group, "worker.actor.ulysses_size")
             return model
 
         model = self._sharded_model(
@@ -159,6 +164,7 @@ class HybridWorker(Worker):
             ref_precision = resolve_precision(ref_config.fsdp, self.device, "ref")
 
             def freeze(ref_model: nn.Module) -> nn.Module:
+                install_sequence_parallel(ref_model, actor_group, "worker.actor.ulysses_size")
                 return ref_model.requires_grad_(False)
 
             # the actor's model section, override_config included: the reference is the actor's starting point
@@ -181,7 +187,9 @@ class HybridWorker(Worker):
             if self.ref is not None:
                 mark_causal_image_blocks(self.ref.model)
         if estimator_needs(config.algorithm.adv_estimator).critic:
-            self.critic = self._build_critic(mesh)
+            critic_size = config.worker.critic.ulysses_size
+            critic_group = actor_group if critic_size == actor_group.size else SequenceParallelGroup(critic_size)
+            self.critic = self._build_critic(mesh, critic_group)
         for residency in (self.actor_residency, self.ref_residency, self.critic_residency):
             if residency is not None:
                 residency.release()  # off the device before the engine claims its memory
@@ -262,7 +270,7 @@ class HybridWorker(Worker):
             broadcast_full_weights(model, full_state, self.device)
         return model
 
-    def _build_critic(self, mesh) -> Critic:
+    def _build_critic(self, mesh, sequence_parallel: SequenceParallelGroup) -> Critic:
         """The value model: the critic's checkpoint (the actor's by default) with a zero-initialised value head.
 
         ``worker.critic.model`` acts as the actor's section does: ``freeze_vision_tower`` keeps the tower's
@@ -281,7 +289,9 @@ class HybridWorker(Worker):
             if model_config.lora.rank > 0:
                 # the adapters live in the modules peft wraps in place; the value model keeps the plain backbone
                 language_model = apply_lora(language_model, model_config.lora).get_base_model()
-            return ValueModel(language_model)  # a fresh value head: always trained
+            value = ValueModel(language_model)  # a fresh value head: always trained
+            install_sequence_parallel(value, sequence_parallel, "worker.critic.ulysses_size")
+            return value
 
         fsdp = critic_config.fsdp
         model = self._sharded_model(model_config, fsdp, precision, mesh, value_model, "worker.critic.fsdp")
