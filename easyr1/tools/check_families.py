@@ -9,7 +9,8 @@ mixed dataset (``easyr1.tools.tiny_dataset.build_mixed_dataset``: text, one-imag
 video rows only where the family has video), then runs the checks of :data:`CHECKS`, each a function
 ``check(model_dir, data_dir) -> CheckResult``. They use the project's own paths: the actor's log-prob code
 (``workers/actor.py``) and packing, the HF and vLLM engines, the banned placeholder tokens the worker derives from
-the family, peft adapters and their fold, the FSDP checkpoint and the model merger, the planner, and the CLI.
+the family, peft adapters and their fold, the FSDP checkpoint and the model merger, the planner, Ulysses sequence
+parallelism on forked gloo ranks, and the CLI.
 
 A check that raises is a failed cell, not a stopped table. The vLLM cases and the GRPO runs each run in a process of
 their own (vLLM-CPU keeps its parallel state per process; a crashed engine takes only its own cell). A vLLM engine
@@ -650,6 +651,40 @@ def check_plan(model_dir: Path, data_dir: Path) -> CheckResult:
     return CheckResult("pass", float(real), f"{real:,} parameters")
 
 
+def check_ulysses(model_dir: Path, data_dir: Path) -> CheckResult:
+    """Ulysses sequence parallelism (N = 2 and 4 gloo ranks) vs one process: log-probs, entropies and gradients,
+    padding-free and with shared prompts (``tools/check_sequence_parallel.py``), in a process of its own (it forks the
+    ranks); ``n/a`` with the config's reason for a family the split refuses."""
+    from easyr1.config.checks import sequence_parallel_problems
+
+    case = Case.of(model_dir, data_dir)
+    refusals = sequence_parallel_problems("worker.actor.ulysses_size", 2, case.config.to_dict(), str(model_dir))
+    if refusals:
+        return CheckResult("n/a", None, f"refused by the config: {refusals[0]}")
+    return _in_subprocess("ulysses", model_dir, data_dir)
+
+
+def ulysses_batch(model_dir: Path, data_dir: Path) -> tuple[Batch, list[int]]:
+    """The family's mixed rows, each prompt twice with its own random response (so that prompts can be shared), and
+    the placeholder ids the worker bans."""
+    from easyr1.protocol import Batch
+
+    case = Case.of(model_dir, data_dir)
+    prompts = case.prompts()
+    count = len(prompts)
+    twice = Batch.concat([prompts, prompts]).index([row for index in range(count) for row in (index, index + count)])
+    return random_responses(twice, seed=1, pad_token_id=case.pad_token_id()), case.banned
+
+
+def _ulysses_here(model_dir: Path, data_dir: Path) -> CheckResult:
+    from easyr1.tools.check_sequence_parallel import compare
+
+    gaps = compare(model_dir, *ulysses_batch(model_dir, data_dir))
+    worst = max(gaps.values())
+    detail = ", ".join(f"N={size} {layout} {gap:.1e}" for (size, layout), gap in gaps.items())
+    return passed(worst, PACKED_BOUND, f"max gap (log-prob, entropy, relative gradient): {detail}")
+
+
 def check_grpo_hf(model_dir: Path, data_dir: Path) -> CheckResult:
     """A 3-step GRPO run of the CLI (``python -m easyr1.main``, the demo config) on the HF engine, every row kind."""
     return _grpo_run(model_dir, data_dir, "hf")
@@ -730,13 +765,17 @@ CHECKS: dict[str, Callable[[Path, Path], CheckResult]] = {
     "lora": check_lora,
     "export": check_export,
     "plan": check_plan,
+    "ulysses": check_ulysses,
     "grpo_hf": check_grpo_hf,
     "grpo_vllm": check_grpo_vllm,
 }
 # The checks that start no engine process and no training run: seconds per family (CI runs these).
 CHEAP_CHECKS = ("build", "packed", "hf_engine", "placeholder", "plan")
 # Checks that a process of their own runs (run_check_here), by name.
-_SUBPROCESS_BODIES: dict[str, Callable[[Path, Path], CheckResult]] = {"vllm_cpu": _vllm_cpu_here}
+_SUBPROCESS_BODIES: dict[str, Callable[[Path, Path], CheckResult]] = {
+    "vllm_cpu": _vllm_cpu_here,
+    "ulysses": _ulysses_here,
+}
 
 
 # -------------------------------------------------------------------------------------------------- processes

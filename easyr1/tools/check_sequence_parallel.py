@@ -1,17 +1,16 @@
-"""Ulysses sequence parallelism against one process: log-probs, entropies and gradients of a family's tiny model.
+"""Ulysses sequence parallelism against one process: log-probs, entropies and gradients of one micro-batch.
 
-``python -m easyr1.tools.check_sequence_parallel MODEL_DIR DATA_DIR`` (the model-family harness runs it as its
-``ulysses`` cell): the mixed rows of the family (text, one image, three images, video where the family reads
-videos), each prompt twice with different responses, scored in one micro-batch by the plain model in this process,
-then by N gloo ranks forked from it (N = 2 and 4) that split the packed row (``distributed/sequence_parallel.py``),
-padding-free and with shared prompts. Each rank computes the same loss from the combined values; the ranks' summed
-gradients are compared with the single process's. fp32 throughout.
+:func:`compare` scores a batch as one micro-batch with the plain model in this process, then with N gloo ranks forked
+from it (N = 2 and 4) that split the packed row (``distributed/sequence_parallel.py``), padding-free and with shared
+prompts; each rank computes the same loss from the combined values (plus the router's load-balancing loss for a
+mixture of experts), and the ranks' summed gradients are compared with the single process's. fp32 throughout. The
+model-family harness runs it as its ``ulysses`` cell on each family's mixed rows
+(``make check-families``, ``tools/check_families.py``).
 """
 
 from __future__ import annotations
 
 import socket
-import sys
 import tempfile
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -20,6 +19,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from easyr1.protocol import Batch
 
 
 SIZES = (2, 4)
@@ -35,25 +36,12 @@ class Outputs:
     gradients: dict[str, torch.Tensor]
 
 
-def scored_batch(model_dir: Path, data_dir: Path):
-    """The family's mixed rows, each prompt twice with its own random response (so that prompts can be shared)."""
-    from easyr1.protocol import Batch
-    from easyr1.tools.check_families import Case, random_responses
-
-    case = Case.of(model_dir, data_dir)
-    prompts = case.prompts()
-    twice = Batch.concat([prompts, prompts]).index(
-        [row for pair in zip(range(len(prompts)), range(len(prompts), 2 * len(prompts))) for row in pair]
-    )
-    return case, random_responses(twice, seed=1, pad_token_id=case.pad_token_id())
-
-
 def _loss_weights(shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(7)
     return torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
 
 
-def run_layout(model: torch.nn.Module, case, batch, layout: str) -> Outputs:
+def run_layout(model: torch.nn.Module, batch: Batch, banned: list[int], layout: str) -> Outputs:
     """One forward of the whole batch as one micro-batch in ``layout``, and the gradients of a fixed random mix of its
     log-probs and entropies."""
     from easyr1.distributed import sequence_parallel
@@ -68,7 +56,7 @@ def run_layout(model: torch.nn.Module, case, batch, layout: str) -> Outputs:
             batch,
             1.0,
             with_entropy=True,
-            banned_token_ids=case.banned,
+            banned_token_ids=banned,
             padding_free=layout == "padding_free",
             share_prompt=layout == "share_prompt",
         )
@@ -95,19 +83,21 @@ def run_layout(model: torch.nn.Module, case, batch, layout: str) -> Outputs:
     return Outputs(log_probs.detach() * mask, entropy.detach() * mask, gradients)
 
 
-def _rank(rank: int, world_size: int, port: int, model_dir: str, data_dir: str, out_dir: str) -> None:
+def _rank(
+    rank: int, world_size: int, port: int, model_dir: str, batch: Batch, banned: list[int], out_dir: str
+) -> None:
     from easyr1.distributed import sequence_parallel
+    from easyr1.models.loading import load_model
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     try:
-        case, batch = scored_batch(Path(model_dir), Path(data_dir))
-        model = case.model()
+        model = load_model(model_dir, torch.float32)
         group = sequence_parallel.SequenceParallelGroup(world_size)
         sequence_parallel.install(model, group)
         results = {}
         for layout in LAYOUTS:
-            outputs = run_layout(model, case, batch, layout)
+            outputs = run_layout(model, batch, banned, layout)
             for gradient in outputs.gradients.values():  # the whole gradient: the sum of every slice's part
                 dist.all_reduce(gradient, group=group.process_group)
             results[layout] = outputs
@@ -122,11 +112,12 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def split_outputs(model_dir: Path, data_dir: Path, size: int) -> list[dict[str, Outputs]]:
-    """Every rank's outputs with ``size`` ranks forked from this process (which must not be in a process group)."""
+def split_outputs(model_dir: Path, batch: Batch, banned: list[int], size: int) -> list[dict[str, Outputs]]:
+    """Every rank's outputs with ``size`` ranks forked from this process (which must not be in a process group);
+    the forked ranks find ``batch`` in the memory they share with it."""
     with tempfile.TemporaryDirectory() as out_dir:
         mp.start_processes(
-            _rank, args=(size, _free_port(), str(model_dir), str(data_dir), out_dir), nprocs=size, start_method="fork"
+            _rank, args=(size, _free_port(), str(model_dir), batch, banned, out_dir), nprocs=size, start_method="fork"
         )
         return [torch.load(Path(out_dir) / f"{rank}.pt", weights_only=False) for rank in range(size)]
 
@@ -146,27 +137,18 @@ def largest_gaps(reference: Outputs, split: Outputs) -> dict[str, float]:
     }
 
 
-def compare(model_dir: Path, data_dir: Path, sizes: tuple[int, ...] = SIZES) -> dict[tuple[int, str], float]:
-    """The largest gap (log-prob, entropy or relative gradient) per (N, layout) over every rank."""
-    case, batch = scored_batch(model_dir, data_dir)
-    model = case.model()
-    reference = {layout: run_layout(model, case, batch, layout) for layout in LAYOUTS}
+def compare(
+    model_dir: Path, batch: Batch, banned: list[int], sizes: tuple[int, ...] = SIZES
+) -> dict[tuple[int, str], float]:
+    """The largest gap (log-prob, entropy or relative gradient) per (N, layout) over every rank, for ``model_dir``'s
+    model (fp32) scoring ``batch`` as one micro-batch with ``banned`` placeholder ids."""
+    from easyr1.models.loading import load_model
+
+    model = load_model(str(model_dir), torch.float32)
+    reference = {layout: run_layout(model, batch, banned, layout) for layout in LAYOUTS}
     gaps = {}
     for size in sizes:
-        ranks = split_outputs(model_dir, data_dir, size)
+        ranks = split_outputs(model_dir, batch, banned, size)
         for layout in LAYOUTS:
             gaps[(size, layout)] = max(max(largest_gaps(reference[layout], rank[layout]).values()) for rank in ranks)
     return gaps
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Print the gaps; exit 1 past 1e-5."""
-    model_dir, data_dir = (Path(arg) for arg in (argv if argv is not None else sys.argv[1:]))
-    gaps = compare(model_dir, data_dir)
-    for (size, layout), gap in gaps.items():
-        print(f"N={size} {layout}: max gap {gap:.1e}")
-    return 0 if max(gaps.values()) <= 1e-5 else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
