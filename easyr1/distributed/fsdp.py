@@ -1,7 +1,8 @@
-"""FSDP2 sharding applied from outside the model: every repeated block, then the root.
+"""FSDP2 sharding applied from outside the model: every repeated block, the embeddings, then the root.
 
 The blocks to shard are the classes a Hugging Face model lists in ``_no_split_modules`` (decoder
-layers and vision blocks for Qwen-VL), so any HF model is sharded the same way without per-model code.
+layers and vision blocks for Qwen-VL), so any HF model is sharded the same way without per-model code; the input
+embeddings and an untied LM head are units of their own.
 Also here: filling the shards of a model built on the meta device from rank 0's full weights
 (:func:`broadcast_full_weights`), and the full weights one FSDP group at a time for the weight sync
 (:func:`gathered_parameters`).
@@ -106,8 +107,25 @@ def shard_model(
         raise ValueError(f"{type(model).__name__} lists no shardable blocks in _no_split_modules")
     for block in blocks:
         fully_shard(block, **kwargs)
+    # The input embeddings and the LM head run exactly once per forward on every rank: units of their own, so the
+    # root (gathered for the whole forward and backward, its gradients reduced in one full-size buffer at the end)
+    # holds only the vision tower and the small pieces. A tied pair is one parameter shared by two modules, which
+    # FSDP cannot split between units: it stays in the root.
+    for module in embedding_units(model):
+        fully_shard(module, **kwargs)
     fully_shard(model, **kwargs)
     return model
+
+
+def embedding_units(model: nn.Module) -> list[nn.Module]:
+    """The input embedding and (untied) output projection modules of ``model`` that :func:`shard_model` makes units
+    of their own; none when they share their weight."""
+    inputs = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    outputs = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weights = [getattr(module, "weight", None) for module in (inputs, outputs) if module is not None]
+    if len(weights) == 2 and weights[0] is weights[1]:
+        return []
+    return [module for module in (inputs, outputs) if isinstance(module, nn.Module) and module is not model]
 
 
 def broadcast_full_weights(

@@ -3,9 +3,10 @@
 Each model is FSDP2-sharded over every worker, so a worker keeps ``1 / world`` of each state in its storage dtype
 (:func:`easyr1.distributed.precision.resolve_precision`). Gradients and AdamW's two moments exist only for trainable
 parameters (all, all but the vision tower when it is frozen, or only the LoRA adapters); ``adamw_bf16`` keeps the
-moments in bf16. While a model computes, FSDP gathers one unit at a time in the compute dtype: the root unit
-(embeddings, LM head, vision tower) and two decoder layers (the current one and the prefetched next), or the whole
-model with ``enable_full_shard=false``.
+moments in bf16. While a model computes, FSDP gathers one unit at a time in the compute dtype: the root unit (the
+vision tower; tied embeddings too) for the whole pass, and two decoder layers (the current one and the prefetched
+next) or the embeddings or an untied LM head (units of their own) with one layer; or the whole model with
+``enable_full_shard=false``.
 """
 
 from __future__ import annotations
@@ -85,11 +86,18 @@ class ModelStates:
 
 
 def _gathered(size: ModelSize, parameters: int, full_shard: bool) -> int:
+    """Parameters gathered at once at the peak: the root unit for the whole pass, plus the largest of two decoder
+    layers (the current one and the prefetched next) or the embeddings or LM head with one layer beside them."""
     if not full_shard:
         return parameters
-    root = size.embeddings + size.lm_head + size.vision
     per_layer = max(size.language - size.embeddings - size.lm_head, 0) // max(size.text.layers, 1)
-    return min(root + 2 * per_layer, parameters)
+    if size.lm_head:  # untied: the embeddings and the LM head are units of their own (distributed/fsdp.py)
+        root = size.vision
+        beside_root = max(2 * per_layer, max(size.embeddings, size.lm_head) + per_layer)
+    else:  # one shared table, used by two modules: it stays in the root
+        root = size.vision + size.embeddings
+        beside_root = 2 * per_layer
+    return min(root + beside_root, parameters)
 
 
 def model_states(

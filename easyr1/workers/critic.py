@@ -38,6 +38,10 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.value_head.bias)
         self._no_split_modules = list(getattr(language_model, "_no_split_modules", None) or [])
 
+    def get_input_embeddings(self) -> nn.Module:
+        """The backbone's token embeddings (FSDP makes them a unit of their own: ``distributed/fsdp.py``)."""
+        return self.backbone.get_input_embeddings()
+
     def forward(self, **inputs: Any) -> torch.Tensor:
         """(B, L) value of every position."""
         hidden = self.backbone(**inputs, use_cache=False).last_hidden_state

@@ -270,7 +270,7 @@ class HybridWorker(Worker):
             broadcast_full_weights(model, full_state, self.device)
         return model
 
-    def _build_critic(self, mesh, sequence_parallel: SequenceParallelGroup) -> Critic:
+    def _build_critic(self, mesh, sequence_parallel: SequenceParallelGroup | None = None) -> Critic:
         """The value model: the critic's checkpoint (the actor's by default) with a zero-initialised value head.
 
         ``worker.critic.model`` acts as the actor's section does: ``freeze_vision_tower`` keeps the tower's
@@ -290,7 +290,8 @@ class HybridWorker(Worker):
                 # the adapters live in the modules peft wraps in place; the value model keeps the plain backbone
                 language_model = apply_lora(language_model, model_config.lora).get_base_model()
             value = ValueModel(language_model)  # a fresh value head: always trained
-            install_sequence_parallel(value, sequence_parallel, "worker.critic.ulysses_size")
+            if sequence_parallel is not None:
+                install_sequence_parallel(value, sequence_parallel, "worker.critic.ulysses_size")
             return value
 
         fsdp = critic_config.fsdp
