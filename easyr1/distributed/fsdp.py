@@ -151,7 +151,9 @@ def broadcast_full_weights(
         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
     )
     persistent = set(model.state_dict().keys())
-    for name, buffer in model.named_buffers():
+    # in name order: registration order can differ between rank 0's loaded model and the others' meta-built ones, and
+    # broadcasts paired out of order would mismatch sizes or hang (GPU audit N6)
+    for name, buffer in sorted(model.named_buffers(), key=lambda item: item[0]):
         if name not in persistent:
             dist.broadcast(buffer, src=0)
 

@@ -143,14 +143,25 @@ def host_peak_memory_gb(reset: bool = True) -> float:
     return peak / 1024**2
 
 
+def device_memory_used_gb() -> float | None:
+    """Device memory in use now as the driver sees it (every allocator and process), in GiB; ``None`` where this
+    process has not used CUDA (no CUDA API is called then)."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return None
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 1024**3
+
+
 def memory_metrics(reset: bool = True) -> dict[str, float]:
     """Memory since the last call (``reset``) or since the start.
 
     - ``perf/max_host_memory_gb``: peak resident host memory of this process.
     - ``perf/max_device_memory_gb``: peak device memory torch allocated in this process (training, log-probs).
     - ``perf/max_device_memory_reserved_gb``: the same for memory torch's caching allocator held.
-    - ``perf/device_memory_used_gb``: device memory in use now as the driver sees it, so including what the rollout
-      engine (vLLM's KV cache and weights) and other processes hold; ``perf/device_memory_total_gb`` its total.
+    - ``perf/device_memory_used_gb``: device memory in use now as the driver sees it, so including what other
+      processes hold; ``perf/device_memory_total_gb`` its total. Taken after the update, while the rollout engine
+      sleeps: what the engine holds awake (its weights and KV cache) is ``perf/generation_device_memory_used_gb``
+      (:func:`device_memory_used_gb`, read by the worker right after it generates).
 
     Device entries appear only once this process has used CUDA; no CUDA API is called otherwise.
     """

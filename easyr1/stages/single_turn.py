@@ -89,6 +89,8 @@ class SingleTurnStage:
         self.stay_awake = False
         self.weight_syncs = 0  # the engines' weight syncs and sleeps so far (perf/ and val/ metrics)
         self.engine_sleeps = 0
+        # the most device memory in use right after a generation round of the step, engines awake (GPU only)
+        self.awake_memory_gb: float | None = None
         # worker.reward_model: scored after generation, before the reward function (on these workers, unless the
         # run gives it workers of its own)
         if reward_model is None and config.worker.reward_model.enabled:
@@ -105,6 +107,7 @@ class SingleTurnStage:
         timings: dict[str, float] = {}
         counts = self._engine_counts()
         self.stay_awake = self._rounds_follow()
+        self.awake_memory_gb = None
         try:
             with timed(timings, "gen"):
                 batch = self.generate(prompts, step, round_index=0)
@@ -119,6 +122,8 @@ class SingleTurnStage:
         finally:
             self._end_rounds()
         metrics.update(self._engine_counts(since=counts, prefix="perf/"))
+        if self.awake_memory_gb is not None:
+            metrics["perf/generation_device_memory_used_gb"] = self.awake_memory_gb
         return ScoredSamples(batch, rewards, metrics, timings)
 
     def _rounds_follow(self) -> bool:
@@ -185,6 +190,8 @@ class SingleTurnStage:
         # every rank syncs and sleeps alike (collectives): rank 0's counts are the group's
         self.weight_syncs += output.meta.get("weight_syncs", 0)
         self.engine_sleeps += output.meta.get("engine_sleeps", 0)
+        if "device_memory_used_gb" in output.meta:
+            self.awake_memory_gb = max(self.awake_memory_gb or 0.0, output.meta["device_memory_used_gb"])
         for key in held_back:
             output[key] = kept[key]
         return output

@@ -45,7 +45,7 @@ from easyr1.distributed.tensor_parallel import TensorParallelGroup
 from easyr1.distributed.weight_push import PushStats, WeightPushGroup
 from easyr1.distributed.worker import Worker, device_type
 from easyr1.engines import EngineSetup, RolloutEngine, SamplingSettings, StopRule, build_engine, engine_traits
-from easyr1.logging.perf import device_peak_flops, memory_metrics, model_flops_utilization
+from easyr1.logging.perf import device_memory_used_gb, device_peak_flops, memory_metrics, model_flops_utilization
 from easyr1.models.families import family_of, mark_causal_image_blocks
 from easyr1.models.loading import (
     DTYPES,
@@ -417,6 +417,7 @@ class HybridWorker(Worker):
         stop = None if stop_groups is None else StopRule(stop_groups * self.tensor_parallel.size)
         output = self.engine.generate(rows, SamplingSettings(**sampling), rows["sample_seed"].tolist(), stop)
         generate_seconds = time.perf_counter() - start
+        awake_memory = device_memory_used_gb()  # the engine's weights and KV cache still held (GPU audit N7)
         slept = not stay_awake and self.role != GENERATOR  # a generator's engine stays awake: nothing else uses it
         if slept:
             self.engine.sleep()
@@ -432,6 +433,8 @@ class HybridWorker(Worker):
             weight_syncs=int(needs_sync),
             engine_sleeps=int(slept),
         )
+        if awake_memory is not None:
+            output.meta["device_memory_used_gb"] = awake_memory
         return output
 
     def score_with_reward_model(self, batch: Batch) -> Batch:

@@ -89,6 +89,10 @@ def test_memory_metrics_are_reported_every_step(recipe_run):
         if DEVICE == "cuda":
             assert 0 < metrics["perf/max_device_memory_gb"] <= metrics["perf/max_device_memory_reserved_gb"]
             assert 0 < metrics["perf/device_memory_used_gb"] <= metrics["perf/device_memory_total_gb"]
+            # read right after generation, the engine awake (its model in use), not after the update
+            assert 0 < metrics["perf/generation_device_memory_used_gb"] <= metrics["perf/device_memory_total_gb"]
+        else:
+            assert "perf/generation_device_memory_used_gb" not in metrics  # no CUDA API is called on CPU
 
 
 @needs_cuda

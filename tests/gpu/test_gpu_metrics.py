@@ -34,6 +34,32 @@ def test_compiled_chunks_equal_eager_values_and_gradients():
         torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
 
 
+def test_compiled_and_eager_chunk_times_are_printed(capsys):
+    """Not a pass/fail on speed: the numbers that decide ``use_torch_compile``'s default on GPU (issue 35), printed
+    with the run's output. A 7B-vocabulary update micro-batch's log-probs and entropy, forward and backward."""
+    import time
+
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    base = (torch.randn(4096, 152064, device="cuda", generator=generator) * 3).to(torch.bfloat16)
+    labels = torch.randint(0, 152064, (4096,), device="cuda", generator=generator)
+    seconds = {}
+    for compiled in (False, True, False, True):  # interleaved; each setting's second turn is the one kept
+        logits = base.clone().requires_grad_(True)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        log_probs = log_probs_from_logits(logits, labels, compiled=compiled)
+        entropy = entropy_from_logits(logits, compiled=compiled)
+        (log_probs.sum() + 0.1 * entropy.sum()).backward()
+        torch.cuda.synchronize()
+        seconds[compiled] = time.perf_counter() - start
+        assert torch.isfinite(logits.grad).all()
+    with capsys.disabled():
+        print(
+            f"\nuse_torch_compile: eager {seconds[False] * 1e3:.1f} ms, compiled {seconds[True] * 1e3:.1f} ms, "
+            f"eager / compiled {seconds[False] / seconds[True]:.2f}x (4096 positions x 152064, bf16)"
+        )
+
+
 def test_device_peak_is_reset_by_each_report():
     torch.cuda.init()
     memory_metrics()
