@@ -29,7 +29,7 @@ from easyr1.distributed.worker import device_type, pick_backend
 from easyr1.engines import check_engine
 from easyr1.envs import check_environment
 from easyr1.errors import CheckpointError, UserError
-from easyr1.logging import Tracker, build_trackers
+from easyr1.logging import Tracker, build_trackers, startup
 from easyr1.models.loading import load_model_config, load_tokenizer_and_processor
 from easyr1.reward import LocalRewardScorer, RewardScorer, load_reward_function
 from easyr1.reward.timed import timed_reward_function
@@ -149,6 +149,7 @@ def build_trainer(config: PPOConfig, inputs: RunInputs | None = None) -> Trainer
             print(f"easyr1: reward model: {own_workers.describe()}", flush=True)
             reward_model = RewardModelClient(config, workers, own_workers)
         print(f"easyr1: {workers.describe()}", flush=True)
+        startup.mark("workers")
         workers.check_shared_directory(config.trainer.save_checkpoint_path, "trainer.save_checkpoint_path")
         if generators is not None:
             print(f"easyr1: generators: {generators.describe()}", flush=True)
@@ -163,6 +164,7 @@ def build_trainer(config: PPOConfig, inputs: RunInputs | None = None) -> Trainer
                 own_workers = reward_model.own_workers
                 loading.append((own_workers, own_workers.submit(RewardModelWorker.init_models)))
             collect_all(loading)
+        startup.mark("models")
         if generators is not None:
             connect_weight_push(workers, generators)
         if config.env.enabled:

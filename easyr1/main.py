@@ -180,15 +180,21 @@ def run(argv: list[str]) -> list[dict[str, float]]:
         notice = f"easyr1: notice: accepted for EasyR1 compatibility, no effect here: {', '.join(ignored)}"
         print(notice, file=sys.stderr)
     from easyr1.build import build_trainer, read_inputs, report_locations
+    from easyr1.logging import startup
+
+    startup.begin()
 
     for line in report_locations(config):
         print(f"easyr1: {line}", flush=True)
     check_against_model(config, read_model_config(config.worker.actor.model))
+    startup.mark("imports_and_config")
     # memory and step-time plan from config.json alone: a run that cannot fit stops here, before Ray or any model
     print(check_plan_fits(config), flush=True)
     inputs = read_inputs(config)  # the tokenizer, the reward file and every dataset row, before anything starts
+    startup.mark("plan_and_data")
     if not config.trainer.single_process:
         init_ray(config.world_size, config.trainer.nnodes, timeline=bool(config.trainer.ray_timeline))
+        startup.mark("ray")
     try:
         trainer = build_trainer(config, inputs)
         try:

@@ -39,6 +39,7 @@ from easyr1.checkpoint.sharded import rng_state, save_durably, set_rng_state
 from easyr1.config import PPOConfig, to_yaml
 from easyr1.distributed.balance import balanced_order
 from easyr1.errors import WorkerLost
+from easyr1.logging import startup
 from easyr1.logging.perf import memory_metrics
 from easyr1.logging.rollouts import write_rollouts
 from easyr1.logging.timing import timed
@@ -138,6 +139,11 @@ class Trainer:
                     lost.step = step
                     raise
                 self.global_step = step
+                startup.mark("first_step")
+                started = startup.startup_metrics()  # the first step this run takes only
+                if started:
+                    metrics.update(started)
+                    print(f"easyr1: {startup.summary(started)}", flush=True)
                 val_score = None
                 if trainer.val_freq > 0 and (step % trainer.val_freq == 0 or step == self.total_steps):
                     start = time.perf_counter()
