@@ -39,7 +39,7 @@ from easyr1.protocol import Batch
 SEQUENCE_PARALLEL_ATTRIBUTE = "_easyr1_sequence_parallel"
 # the attention implementations whose decoder attention the all-to-all wraps (eager attention is not dispatched through
 # transformers' registry, so nothing could wrap it)
-SUPPORTED_ATTENTION = ("sdpa", "flash_attention_2", "flash_attention_3")
+SUPPORTED_ATTENTION = ("sdpa", "flash_attention_2", "flash_attention_3", "flash_attention_4")
 
 
 def sequence_parallel_groups(world_size: int, size: int) -> list[list[int]]:
