@@ -93,7 +93,7 @@ def test_a_resume_that_did_not_resume_fails(monkeypatch, tmp_path, capsys):
 def test_a_run_whose_workers_did_not_split_the_model_fails(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(check_ulysses_runs, "train", _fake_train(0.5, announce=False))
     assert check_ulysses_runs.main(["--work-dir", str(tmp_path), "--scenario", "hf"]) == 1
-    assert "no worker printed 'easyr1: worker.actor.ulysses_size=2: ...' (Ulysses not on)" in capsys.readouterr().out
+    assert "hf_u2: the workers split nothing where worker.actor.ulysses_size=2" in capsys.readouterr().out
 
 
 def test_a_resume_whose_resumed_step_differs_fails(monkeypatch, tmp_path, capsys):

@@ -45,6 +45,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -73,21 +74,17 @@ class Scenario:
     name: str
     what: str
     overrides: tuple[str, ...]
-    critic: bool = False  # the critic's ulysses_size follows the actor's
+    critic: bool = False  # a critic is built: its ulysses_size is set too
+    split: tuple[str, ...] = ("actor",)  # the models whose ulysses_size is 2 in the pair's first run (else 1)
 
     def keys(self) -> tuple[str, ...]:
-        """The group-size keys the runs set."""
-        return (
-            ("worker.actor.ulysses_size", "worker.critic.ulysses_size")
-            if self.critic
-            else ("worker.actor.ulysses_size",)
-        )
+        """The group-size keys that the pair's first run sets to 2."""
+        return tuple(f"worker.{model}.ulysses_size" for model in self.split)
 
     def args(self, ulysses: int) -> tuple[str, ...]:
-        """The run's overrides with ``ulysses`` as the actor's (and the critic's) group size."""
-        sizes = [f"worker.actor.ulysses_size={ulysses}"]
-        if self.critic:
-            sizes.append(f"worker.critic.ulysses_size={ulysses}")
+        """The run's overrides with ``ulysses`` as the group size of the models of :attr:`split`, 1 for the rest."""
+        models = ("actor", "critic") if self.critic else ("actor",)
+        sizes = (f"worker.{model}.ulysses_size={ulysses if model in self.split else 1}" for model in models)
         return (*self.overrides, *sizes)
 
 
@@ -112,6 +109,14 @@ SCENARIOS: dict[str, Scenario] = {
             "GAE with a critic (critic ulysses too), KL penalty from a reference model",
             (*HF, "algorithm.adv_estimator=gae", "algorithm.disable_kl=false", "algorithm.use_kl_loss=false"),
             critic=True,
+            split=("actor", "critic"),
+        ),
+        Scenario(
+            "critic_only",
+            "the same with ulysses on the critic only (its own groups)",
+            (*HF, "algorithm.adv_estimator=gae", "algorithm.disable_kl=false", "algorithm.use_kl_loss=false"),
+            critic=True,
+            split=("critic",),
         ),
         Scenario(
             "offload_rank0",
@@ -234,14 +239,15 @@ class Run:
 
     def error(self, ulysses: int | None = None, keys: Sequence[str] = ()) -> str | None:
         """The run's failure in one line (None: it exited 0 and, given ``ulysses``, the workers said that they split
-        the models of ``keys`` across groups of that size, or with 1 that they split none)."""
+        the models of ``keys`` across groups of that size and no other model, or with 1 that they split none)."""
         if self.returncode == 0:
-            output = self.stdout + self.stderr
-            if ulysses == 1 and "ulysses_size=" in "".join(line for line in output.splitlines() if "easyr1: " in line):
-                return f"{self.directory.name}: a model was split across ranks with ulysses_size=1"
-            for key in keys if ulysses and ulysses > 1 else ():
-                if f"easyr1: {key}={ulysses}: " not in output:
-                    return f"{self.directory.name}: no worker printed 'easyr1: {key}={ulysses}: ...' (Ulysses not on)"
+            printed = set(re.findall(r"easyr1: (worker\.\w+\.ulysses_size=\d+): ", self.stdout + self.stderr))
+            expected = {f"{key}={ulysses}" for key in keys} if ulysses and ulysses > 1 else set()
+            if ulysses is not None and printed != expected:
+                said = ", ".join(sorted(printed)) or "nothing"
+                return (
+                    f"{self.directory.name}: the workers split {said} where {', '.join(sorted(expected)) or 'nothing'}"
+                )
             return None
         lines = [line.strip() for line in self.stderr.splitlines() if line.strip()]
         errors = [line for line in lines if "Error" in line or "error" in line or "Exception" in line]
@@ -299,11 +305,12 @@ class Harness:
 
     def __init__(self, work_dir: Path) -> None:
         self.work_dir = work_dir
-        self.runs: dict[tuple[str, int], Run] = {}
+        self.runs: dict[tuple[str, ...], Run] = {}
 
     def pair_run(self, scenario: Scenario, ulysses: int) -> Run:
-        """The 3-step run of ``scenario`` with ``ulysses`` (once: the resumes reuse the HF scenario's)."""
-        key = (scenario.name, ulysses)
+        """The 3-step run of ``scenario`` with ``ulysses``, made once for its arguments (the resumes reuse the HF
+        scenario's runs, critic_only the ulysses_size=1 run of ppo_critic)."""
+        key = scenario.args(ulysses)
         if key not in self.runs:
             directory = self.work_dir / f"{scenario.name}_u{ulysses}"
             directory.mkdir(parents=True, exist_ok=True)
