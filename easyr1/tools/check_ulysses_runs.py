@@ -291,7 +291,7 @@ class Row:
 
     name: str
     what: str
-    seconds: tuple[float, ...]
+    seconds: tuple[float | None, ...]  # the runs made for this row (None: another row's run, reused)
     comparison: Comparison
 
     @property
@@ -319,11 +319,13 @@ class Harness:
 
     def check_pair(self, scenario: Scenario) -> Row:
         """``scenario`` with ulysses_size 2 against 1, every step."""
+        made = [scenario.args(ulysses) not in self.runs for ulysses in (2, 1)]  # else another scenario's run
         runs = [self.pair_run(scenario, 2), self.pair_run(scenario, 1)]
         comparison = compare(runs[0].records, runs[1].records, range(1, STEPS + 1))
         errors = [run.error(ulysses, scenario.keys()) for run, ulysses in zip(runs, (2, 1), strict=True)]
         comparison.problems[:0] = [error for error in errors if error]
-        return Row(scenario.name, scenario.what + "; ulysses 2 vs 1", tuple(run.seconds for run in runs), comparison)
+        seconds = tuple(run.seconds if new else None for run, new in zip(runs, made, strict=True))
+        return Row(scenario.name, scenario.what + "; ulysses 2 vs 1", seconds, comparison)
 
     def check_resume(self, name: str) -> Row:
         """Steps up to the checkpoint with one size (saving there), the rest resumed from it with the other, against
@@ -345,8 +347,12 @@ class Harness:
             errors.append("the resumed run trained the checkpoint's steps again")
         comparison.problems[:0] = errors
         after = [comparison.step_gaps.get(step, math.inf) for step in range(saved + 1, STEPS + 1)]
+        before, after_steps = (
+            (f"steps 1-{saved}" if saved > 1 else "step 1"),
+            (f"steps {saved + 1}-{STEPS}" if saved + 1 < STEPS else f"step {STEPS}"),
+        )
         what = (
-            f"steps 1-{saved} ulysses {first}, checkpoint, steps {saved + 1}-{STEPS} resumed with ulysses {second}; "
+            f"{before} ulysses {first}, checkpoint, {after_steps} resumed with ulysses {second}; "
             f"vs uninterrupted ulysses {second}; largest gap after the resume {max(after):.1e}"
         )
         return Row(name, what, (head.seconds, tail.seconds), comparison)
@@ -362,7 +368,7 @@ class Harness:
 
 def format_row(row: Row) -> str:
     """``row`` as a line of the markdown table under :data:`HEADER`."""
-    seconds = " + ".join(f"{value:.0f}" for value in row.seconds) or "-"
+    seconds = " + ".join("reused" if value is None else f"{value:.0f}" for value in row.seconds) or "-"
     gap = f"{row.comparison.worst_gap:.1e}" if row.comparison.compared else "-"
     verdict = "pass" if row.ok else "FAIL"
     return f"| {row.name} | {verdict} | {row.comparison.compared} | {gap} | {seconds} | {row.comparison.worst_where} |"
