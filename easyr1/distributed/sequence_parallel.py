@@ -326,3 +326,9 @@ def install(model: nn.Module, group: SequenceParallelGroup, key: str = "worker.a
     text = getattr(model.config, "text_config", None) or model.config
     _wrap_attention(str(getattr(text, "_attn_implementation", None) or model.config._attn_implementation))
     setattr(model, SEQUENCE_PARALLEL_ATTRIBUTE, group)
+    if dist.get_rank() == 0:  # one line per model in the run's output (make check-ulysses looks for it)
+        print(
+            f"easyr1: {key}={group.size}: {type(model).__name__}'s {len(decoder.layers)} decoder layers split "
+            f"across each group of {group.size} ranks",
+            flush=True,
+        )
