@@ -71,8 +71,12 @@ def test_blocks_must_tile_the_row():
 
 
 def test_padding_free_rows_run_each_sample_causally():
+    """The dense mask is the per-sample causal one; the block-wise forward over the virtual mask (no T x T memory,
+    its values never read) gives dense SDPA's outputs and gradients on it."""
+    dense_mask = causal_block_mask([3, 1, 2], dense=True)
     mask = causal_block_mask([3, 1, 2])
-    assert mask[0, 0].int().tolist() == [
+    assert mask.shape == dense_mask.shape and mask.stride() == (0, 0, 0, 0) and mask.untyped_storage().nbytes() == 1
+    assert dense_mask[0, 0].int().tolist() == [
         [1, 0, 0, 0, 0, 0],
         [1, 1, 0, 0, 0, 0],
         [1, 1, 1, 0, 0, 0],
@@ -82,10 +86,22 @@ def test_padding_free_rows_run_each_sample_causally():
     ]
     module = SimpleNamespace(num_key_value_groups=2, is_causal=True)
     query, key, value = _qkv(6)
-    dense, _ = sdpa_attention_forward(module, query, key, value, mask.clone())  # a copy: no blocks attached
+    dense, _ = sdpa_attention_forward(module, query, key, value, dense_mask.clone())  # a copy: no blocks attached
     dense_grads = torch.autograd.grad(dense.square().sum(), (query, key, value))
     blockwise, _ = blockwise_sdpa_forward(module, query, key, value, mask)
     blockwise_grads = torch.autograd.grad(blockwise.square().sum(), (query, key, value))
     torch.testing.assert_close(blockwise, dense, atol=1e-6, rtol=1e-5)
     for got, want in zip(blockwise_grads, dense_grads):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+def test_a_virtual_mask_of_one_sample_runs_causally_and_is_never_read_by_other_calls():
+    """One packed sample (one block) still runs SDPA's causal kernel, not the mask's (meaningless) values; a query
+    shorter than the keys would read them, and is refused."""
+    module = SimpleNamespace(num_key_value_groups=2, is_causal=True)
+    query, key, value = _qkv(5)
+    want, _ = sdpa_attention_forward(module, query, key, value, causal_block_mask([5], dense=True).clone())
+    got, _ = blockwise_sdpa_forward(module, query, key, value, causal_block_mask([5]))
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="virtual causal mask"):
+        blockwise_sdpa_forward(module, query[:, :, -1:], key, value, causal_block_mask([5]))

@@ -158,6 +158,54 @@ def test_activations_follow_checkpointing_padding_and_micro_batch(tiny_qwen2_5_v
     assert half.update.layers * 2 == plain.update.layers
 
 
+def test_ulysses_divides_each_ranks_activations(tiny_qwen2_5_vl_dir, tiny_dataset_dir):
+    """A rank of a sequence-parallel group of 2 keeps half the decoder's tokens (plus the all-to-all's layout of the
+    attention output and the whole row's embeddings), half the images' vision activations and half the response
+    logits of the same pooled micro-batch; the group's micro-batch grows with the pooled rows."""
+    packed = ("worker.actor.padding_free=true", "worker.actor.share_prompt=false", "worker.critic.ulysses_size=2")
+    one = plan_for(cpu_config(tiny_qwen2_5_vl_dir, tiny_dataset_dir, *packed, "algorithm.adv_estimator=gae"))
+    two = plan_for(
+        cpu_config(
+            tiny_qwen2_5_vl_dir,
+            tiny_dataset_dir,
+            *packed,
+            "algorithm.adv_estimator=gae",
+            "worker.actor.ulysses_size=2",
+        )
+    )
+    assert one.update_batch == two.update_batch and one.update_batch.samples == 32
+    text, batch = one.size.text, one.update_batch
+    extras = batch.tokens // 2 * text.heads * text.head_dim * 4 * text.layers + batch.tokens * text.hidden * 4
+    image_tokens = batch.samples * 3136 // 14**2 // 4
+    assert two.update.layers == one.update.layers // 2 + extras + image_tokens * text.hidden * 4
+    pixels = batch.samples * 3136 * 3 * 2 * 4  # the merged copy; in a group also the pooled rows and the share
+    assert (two.update.vision - 2 * pixels) * 2 == one.update.vision - pixels > 0
+    assert two.update.logits * 2 == one.update.logits > 0
+    assert one.update.mask == two.update.mask == 0  # packed without shared prompts: a zero-stride mask
+    embeddings = one.experience_batch.tokens * text.hidden * 4  # the whole row's, on every rank of the group
+    assert two.experience.layers == one.experience.layers // 2 + embeddings
+    assert two.experience.vision * 2 == one.experience.vision > 0
+    # the critic (worker.critic.ulysses_size=2 in both) is planned with its own group, not the actor's
+    critic = {phase.name: phase for phase in one.phases}["critic update"]
+    assert dict(critic.items)["update micro-batch"] == two.update.layers + two.update.vision + two.update.mask
+    # a group pools its members' shares: micro-batches larger than one rank's share come from the pool
+    big = ("worker.actor.micro_batch_size_per_device_for_update=512", "data.rollout_batch_size=4")
+    small = plan_for(
+        cpu_config(tiny_qwen2_5_vl_dir, tiny_dataset_dir, *packed, *big, "worker.actor.global_batch_size=4")
+    )
+    pooled = plan_for(
+        cpu_config(
+            tiny_qwen2_5_vl_dir,
+            tiny_dataset_dir,
+            *packed,
+            *big,
+            "worker.actor.global_batch_size=4",
+            "worker.actor.ulysses_size=2",
+        )
+    )
+    assert pooled.update_batch.samples == 2 * small.update_batch.samples == 32
+
+
 def test_last_line_and_cli(tiny_qwen2_5_vl_dir, tiny_dataset_dir, capsys):
     from easyr1.tools.plan import main
 

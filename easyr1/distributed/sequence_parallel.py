@@ -5,7 +5,11 @@ their shares of the batch (:meth:`SequenceParallelGroup.gather_rows`), so that t
 micro-batch is packed into one row of T tokens (padded to a multiple of N) and every member runs T / N of them
 through the decoder:
 
-- the embeddings (and the vision tower's output placed at the image tokens) are computed for the whole row, then the
+- the vision tower runs on a share of the micro-batch's images on each member (contiguous, balanced by patches;
+  the videos shared the same way, separately), and every image's output is assembled on every member by a sum over
+  the group (:func:`install_vision_split`): each member holds 1/N of the tower's activations instead of all of them.
+  With fewer images than members each encodes all of them;
+- the embeddings (with the images' outputs placed at the image tokens) are computed for the whole row, then the
   decoder's input, its position ids (the m-rope rows too) and Qwen3-VL's deepstack features are cut to the member's
   slice by a pre-hook on the text decoder (:func:`install`);
 - in every decoder attention, queries, keys and values go from ``(B, H, T/N, d)`` to ``(B, H/N, T, d)`` by one
@@ -18,9 +22,14 @@ through the decoder:
 
 Gradients: every member computes the same loss from the combined values, so the combination passes the gradient
 back unchanged (a reduction would count it N times); each member's parameter gradients then hold its slice's part,
-and their sum is the whole. FSDP averages gradients over the world; the update multiplies the loss by N so that the
-average over data-parallel groups comes out (``workers/ppo_update.py``). Parameters are sharded over the whole world,
-as without sequence parallelism: checkpoints do not depend on N.
+and their sum is the whole. The images' assembled outputs are the opposite case: an image one member encoded feeds
+every member's slice, so the sum that assembles them sums the gradients in the backward too (:class:`_AllReduceSum`),
+and each member's tower gets the whole gradient of its own images. A forward with images has every member encode
+one at least (all of them when there are fewer than N), so every vision weight gets a gradient on every rank (FSDP's
+reduce-scatter needs the same set; ``models/vision_tower.py`` covers forwards without images). FSDP averages
+gradients over the world; the update multiplies the loss by N so that the average over data-parallel groups comes
+out (``workers/ppo_update.py``). Parameters are sharded over the whole world, as without sequence parallelism:
+checkpoints do not depend on N.
 """
 
 from __future__ import annotations
@@ -65,6 +74,10 @@ class SequenceParallelGroup:
             self.rows_group, _ = dist.new_subgroups_by_enumeration(groups, backend="gloo")
         # the whole row's text positions of the forward in flight (flash attention finds its sequences in them)
         self.full_positions: torch.Tensor | None = None
+        # each member encodes a share of a forward's images (and of its videos), see install_vision_split; False:
+        # every member encodes all of them (the bench's comparison)
+        self.split_vision = True
+        self._encoding = False  # inside a split encoder call (Qwen3-VL's video features call its image features)
 
     @property
     def size(self) -> int:
@@ -165,6 +178,148 @@ def combine_owned(
     :class:`_SumOfOwnedParts`."""
     flat = values.new_zeros(owned.numel()).masked_scatter(owned, values)
     return group_sum(flat, group).view(shape)
+
+
+class _AllReduceSum(torch.autograd.Function):
+    """The group's sum of ``x``, whose backward sums the gradients across the group as well: a member's vision
+    embeddings feed every member's slice, so their gradient is the sum of what every member sends back."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        total = x.clone()
+        dist.all_reduce(total, group=group)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        total = grad.clone()
+        dist.all_reduce(total, group=ctx.group)
+        return total, None
+
+
+# --------------------------------------------------------------------------------------------- the vision tower
+def balanced_shares(costs: list[int], size: int) -> list[tuple[int, int]]:
+    """``size`` contiguous, non-empty ranges ``[start, end)`` of the units whose ``costs`` are given (at least
+    ``size`` of them), the largest range's total cost as small as it can be."""
+    if len(costs) < size:
+        raise ValueError(f"{len(costs)} units cannot be shared by {size} members, each with one at least")
+
+    def cut(limit: int) -> list[tuple[int, int]] | None:
+        shares, start = [], 0
+        for member in range(size):
+            later = size - 1 - member  # members after this one, each needing a unit
+            end, load = start + 1, costs[start]
+            while end < len(costs) - later and load + costs[end] <= limit:
+                load, end = load + costs[end], end + 1
+            if load > limit:
+                return None
+            shares.append((start, end))
+            start = end
+        return shares if start == len(costs) else None
+
+    low, high = max(costs), sum(costs)
+    while low < high:
+        middle = (low + high) // 2
+        if cut(middle) is None:
+            low = middle + 1
+        else:
+            high = middle
+    shares = cut(low)
+    assert shares is not None
+    return shares
+
+
+def _unit_rows(pixels: torch.Tensor, grid: torch.Tensor | None) -> list[int]:
+    """Rows of ``pixels`` per image (or video): the patches of its ``(t, h, w)`` grid row (the Qwen-VL and GLM
+    layout), or one row per tile when there is no grid (InternVL: every tile its own picture)."""
+    if grid is None:
+        return [1] * pixels.shape[0]
+    return [int(rows) for rows in grid.prod(dim=-1).tolist()]
+
+
+def _encoder_outputs_parts(output: Any) -> tuple[list[list[torch.Tensor]], bool]:
+    """The per-unit tensors an encoder output carries for the forward: ``pooler_output`` (a tuple per image, or a
+    ``(tiles, tokens, width)`` tensor) and, for Qwen3-VL, each deepstack layer's features; whether the pooler
+    output is one tensor."""
+    pooled = output.pooler_output
+    stacked = isinstance(pooled, torch.Tensor)
+    fields = [list(pooled.unbind(0)) if stacked else list(pooled)]
+    for layer in getattr(output, "deepstack_features", None) or []:
+        fields.append(list(layer))
+    return fields, stacked
+
+
+def _split_encoder(group: SequenceParallelGroup, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``original`` (a model's ``get_image_features`` or ``get_video_features``) run by each member on a contiguous
+    share of the images, balanced by patches, and the output of every image assembled on every member by a sum over
+    the group whose backward sums the gradients (:class:`_AllReduceSum`). Fewer images than members, a nested call,
+    a call that asks for no output object (``return_dict``) or ``group.split_vision`` off: ``original`` as it is."""
+    import inspect
+
+    names = list(inspect.signature(original).parameters)
+
+    def encode(*args: Any, **kwargs: Any) -> Any:
+        call = dict(zip(names, args))
+        call.update(kwargs)
+        pixel_key = names[0]
+        grid_key = names[1] if len(names) > 1 and names[1].endswith("grid_thw") else None
+        pixels, grid = call.get(pixel_key), call.get(grid_key) if grid_key else None
+        if group._encoding or not group.split_vision or not call.get("return_dict") or pixels is None:
+            return original(*args, **kwargs)
+        rows = _unit_rows(pixels, grid)
+        if len(rows) < group.size:
+            return original(*args, **kwargs)
+        first, last = balanced_shares(rows, group.size)[group.index]
+        offsets = [0, *torch.tensor(rows).cumsum(0).tolist()]
+        # a copy: the patch embedding keeps its input for the backward, and a view would keep every image's pixels
+        call[pixel_key] = pixels[offsets[first] : offsets[last]].clone()
+        if grid_key:
+            call[grid_key] = grid[first:last]
+        group._encoding = True
+        try:
+            output = original(**call)
+        finally:
+            group._encoding = False
+        fields, stacked = _encoder_outputs_parts(output)
+        widths = [field[0].shape[-1] for field in fields]
+        local = torch.cat([torch.cat([unit.reshape(-1, unit.shape[-1]) for unit in field]) for field in fields], -1)
+        # every unit's number of output rows, for the members that did not encode it
+        counts = torch.zeros(len(rows), dtype=torch.long, device=local.device)
+        counts[first:last] = torch.tensor([unit.numel() // widths[0] for unit in fields[0]], device=local.device)
+        dist.all_reduce(counts, group=group.process_group)
+        counts = counts.tolist()
+        before, after = sum(counts[:first]), sum(counts[last:])
+        whole = torch.cat([local.new_zeros(before, local.shape[1]), local, local.new_zeros(after, local.shape[1])])
+        whole = _AllReduceSum.apply(whole, group.process_group)
+        assembled = [part.split(counts) for part in whole.split(widths, dim=-1)]
+        pooled = assembled[0]
+        if stacked:  # (tiles, tokens, width) as the encoder gives it
+            pooled = torch.stack(pooled)
+        result = {"pooler_output": pooled}
+        if len(assembled) > 1:
+            result["deepstack_features"] = assembled[1:]
+        return type(output)(**result)
+
+    encode.easyr1_split_encoder = True
+    return encode
+
+
+def install_vision_split(model: nn.Module, group: SequenceParallelGroup) -> None:
+    """Wrap the image and video encoders of ``model``'s innermost module that has them (the one whose forward calls
+    them: ``Qwen2_5_VLModel`` inside ``Qwen2_5_VLForConditionalGeneration``) with :func:`_split_encoder`; text-only
+    models have none."""
+    holders = [module for module in model.modules() if hasattr(module, "get_image_features")]
+    inner = [
+        module
+        for module in holders
+        if not any(other is not module and hasattr(other, "get_image_features") for other in module.modules())
+    ]
+    for module in inner:
+        for name in ("get_image_features", "get_video_features"):
+            method = getattr(module, name, None)
+            if method is not None and not getattr(method, "easyr1_split_encoder", False):
+                setattr(module, name, _split_encoder(group, method))
 
 
 # ------------------------------------------------------------------------------------------------ the attention
@@ -323,6 +478,7 @@ def install(model: nn.Module, group: SequenceParallelGroup, key: str = "worker.a
             raise ValueError(f"{type(layer).__name__} has no self_attn to split across ranks")
         setattr(attention, SEQUENCE_PARALLEL_ATTRIBUTE, group)
     decoder.register_forward_pre_hook(_decoder_pre_hook(group), with_kwargs=True)
+    install_vision_split(model, group)
     text = getattr(model.config, "text_config", None) or model.config
     _wrap_attention(str(getattr(text, "_attn_implementation", None) or model.config._attn_implementation))
     setattr(model, SEQUENCE_PARALLEL_ATTRIBUTE, group)

@@ -196,40 +196,67 @@ def make_plan(
     n = worker.rollout.n * config.env.rows_per_episode  # rows per prompt
     share = -(-data.rollout_batch_size * n // world)
     mini_batch = max(worker.actor.global_batch_size * n // world, 1)
-    update_batch = MicroBatch(
-        min(worker.actor.micro_batch_size_per_device_for_update, mini_batch, share),
-        data.max_prompt_length,
-        data.max_response_length,
-        images,
-    )
-    experience_batch = MicroBatch(
-        min(worker.actor.micro_batch_size_per_device_for_experience, share),
-        data.max_prompt_length,
-        data.max_response_length,
-        images,
-    )
+    ulysses = worker.actor.ulysses_size
+
+    def micro_batches(group_size: int) -> tuple[MicroBatch, MicroBatch]:
+        """The update's and the log-prob pass's micro-batch on a rank of a sequence-parallel group of
+        ``group_size``, which pools its members' rows: its micro-batches are cut from ``group_size`` shares."""
+        lengths = (data.max_prompt_length, data.max_response_length, images)
+        sizes = worker.actor
+        return (
+            MicroBatch(
+                min(sizes.micro_batch_size_per_device_for_update, mini_batch * group_size, share * group_size),
+                *lengths,
+            ),
+            MicroBatch(min(sizes.micro_batch_size_per_device_for_experience, share * group_size), *lengths),
+        )
+
+    update_batch, experience_batch = micro_batches(ulysses)
     model = worker.actor.model
+    update_settings = {
+        "checkpointing": model.enable_gradient_checkpointing,
+        "padding_free": worker.actor.padding_free,
+        "flash": flash,
+        "max_pixels": data.max_pixels or 0,
+        "entropy_bonus": worker.actor.entropy_coeff > 0,
+        "share_prompt": worker.actor.share_prompt,
+    }
     update = update_activations(
         size,
         update_batch,
         compute,
-        checkpointing=model.enable_gradient_checkpointing,
-        padding_free=worker.actor.padding_free,
-        flash=flash,
         vision_trainable=not model.freeze_vision_tower and not lora,
-        max_pixels=data.max_pixels or 0,
-        entropy_bonus=worker.actor.entropy_coeff > 0,
+        ulysses_size=ulysses,
+        **update_settings,
     )
-    experience = experience_activations(
-        size,
-        experience_batch,
-        compute,
-        padding_free=worker.actor.padding_free,
-        flash=flash,
-        max_pixels=data.max_pixels or 0,
-    )
+    experience_settings = {
+        key: update_settings[key] for key in ("padding_free", "flash", "max_pixels", "share_prompt")
+    }
+    experience = experience_activations(size, experience_batch, compute, ulysses_size=ulysses, **experience_settings)
+    critic_update, critic_values = update, experience
+    critic_ulysses = worker.critic.ulysses_size
+    if "critic" in states and critic_ulysses != ulysses:
+        # the critic's group pools its own rows; its micro-batches are sized as the actor's (as without the split),
+        # packed without shared prompts (workers/critic.py)
+        critic_batches = micro_batches(critic_ulysses)
+        critic_settings = {**update_settings, "share_prompt": False}
+        critic_update = update_activations(
+            size,
+            critic_batches[0],
+            compute,
+            vision_trainable=not model.freeze_vision_tower and not lora,
+            ulysses_size=critic_ulysses,
+            **critic_settings,
+        )
+        critic_values = experience_activations(
+            size,
+            critic_batches[1],
+            compute,
+            ulysses_size=critic_ulysses,
+            **{key: critic_settings[key] for key in experience_settings},
+        )
     engine = plan_engine(config, size, engine_dtype(config, actor.precision.compute, kind), kind, device.memory_bytes)
-    phases = _phases(states, engine, update, experience, split)
+    phases = _phases(states, engine, update, experience, split, critic_update, critic_values)
     reward_model = None
     if reward_model_size is not None and worker.reward_model.colocated and not split:  # standalone: its own devices
         reward_model = plan_reward_model(config, reward_model_size, engine.dtype, kind, device.memory_bytes)
@@ -279,6 +306,13 @@ def make_plan(
         )
     if images:
         plan.notes.append(f"assumes {images} image(s) per sample at data.max_pixels={data.max_pixels}")
+    for key, group_size in (("worker.actor.ulysses_size", ulysses), ("worker.critic.ulysses_size", critic_ulysses)):
+        if group_size > 1 and (key.startswith("worker.actor") or "critic" in states):
+            plan.notes.append(
+                f"{key}={group_size}: each rank's micro-batch is cut from its group's pooled rows; it keeps the "
+                f"activations of 1/{group_size} of the packed row, the logits of the response positions in it and "
+                "the vision tower's on its share of the images"
+            )
     if reward_model is not None:
         held = "while it scores, released otherwise" if reward_model.releases else "throughout (never released)"
         plan.notes.append(
@@ -308,9 +342,14 @@ def _phases(
     update: ActivationPlan,
     experience: ActivationPlan,
     split: bool = False,
+    critic_update: ActivationPlan | None = None,
+    critic_values: ActivationPlan | None = None,
 ) -> list[Phase]:
     """The phases of a worker. With a split placement the generators hold the engine alone (their one phase) and the
-    trainers every model but no engine."""
+    trainers every model but no engine. ``critic_update`` / ``critic_values``: the critic's micro-batches where its
+    sequence-parallel size differs from the actor's (default: the actor's)."""
+    critic_update = critic_update or update
+    critic_values = critic_values or experience
 
     def others(active: str | None) -> list[tuple[str, int]]:
         return [
@@ -329,7 +368,7 @@ def _phases(
                 (
                     (f"{role} states", model.resident_bytes(True, False)),
                     (f"{role} gathered units", model.gathered_bytes),
-                    ("experience micro-batch", experience.total if role != "critic" else experience.layers),
+                    ("experience micro-batch", experience.total if role != "critic" else critic_values.layers),
                     *others(role),
                     *engine_item,
                 ),
@@ -339,7 +378,7 @@ def _phases(
         if role not in states:
             continue
         model = states[role]
-        batch = update.total if role == "actor" else update.layers + update.vision + update.mask
+        batch = update.total if role == "actor" else critic_update.layers + critic_update.vision + critic_update.mask
         phases.append(
             Phase(
                 f"{role} update",

@@ -8,7 +8,11 @@ of the attention work: on CPU, 4 groups of 8 samples, the update's forward + bac
 parameters (bench/bench_update.py).
 
 Padding-free rows (``packing.pack``: samples end to end, causal within each) get the same treatment with
-:func:`causal_block_mask`, each block run by SDPA's causal kernel without a mask.
+:func:`causal_block_mask`, each block run by SDPA's causal kernel without a mask. Since no element of such a mask is
+ever read, it is a zero-stride view of one boolean (``VIRTUAL_CAUSAL_MASK``): the ``(1, 1, T, T)`` shape that
+transformers passes through unchanged, no T x T memory (at T = 8192, 64 MiB less on every rank, and three times that
+while a dense one was built). Its values say nothing (all true); a call that would read them (a query length other
+than the keys', as in generation with a cache) is refused instead.
 
 The mask tensor carries its blocks (:func:`mark_blocks`); :func:`install` registers, under transformers' ``"sdpa"``
 name, a function that splits such a mask's attention by block and leaves every other call (a mask without blocks,
@@ -25,6 +29,9 @@ import torch
 
 BLOCKS_ATTRIBUTE = "easyr1_blocks"
 CAUSAL_ATTRIBUTE = "easyr1_causal_blocks"
+VIRTUAL_ATTRIBUTE = "easyr1_virtual_mask"
+# causal_block_mask gives a zero-stride view; False: the dense T x T booleans (bench/ulysses_memory.py --mask dense)
+VIRTUAL_CAUSAL_MASK = True
 
 
 def mark_blocks(mask: torch.Tensor, bounds: list[tuple[int, int]], causal: bool = False) -> torch.Tensor:
@@ -37,13 +44,21 @@ def mark_blocks(mask: torch.Tensor, bounds: list[tuple[int, int]], causal: bool 
     return mask
 
 
-def causal_block_mask(lengths: list[int], device: torch.device | str = "cpu") -> torch.Tensor:
+def causal_block_mask(
+    lengths: list[int], device: torch.device | str = "cpu", dense: bool | None = None
+) -> torch.Tensor:
     """The ``(1, 1, T, T)`` mask of samples packed end to end (``lengths`` tokens each): causal within a sample,
-    nothing across; marked with its blocks. The same mask transformers derives from restarting position ids."""
+    nothing across; marked with its blocks. The same mask transformers derives from restarting position ids. Unless
+    ``dense`` (default: not ``VIRTUAL_CAUSAL_MASK``), a zero-stride view whose values are never read (the module
+    docstring)."""
     bounds, start = [], 0
     for length in lengths:
         bounds.append((start, start + length))
         start += length
+    if not (dense if dense is not None else not VIRTUAL_CAUSAL_MASK):
+        mask = torch.ones((), dtype=torch.bool, device=device).expand(1, 1, start, start)
+        setattr(mask, VIRTUAL_ATTRIBUTE, True)
+        return mark_blocks(mask, bounds, causal=True)
     sample = torch.repeat_interleave(torch.arange(len(lengths), device=device), torch.tensor(lengths, device=device))
     causal = torch.ones(start, start, dtype=torch.bool, device=device).tril()
     mask = (causal & (sample.unsqueeze(1) == sample.unsqueeze(0))).view(1, 1, start, start)
@@ -63,9 +78,11 @@ def blockwise_sdpa_forward(
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     bounds = getattr(attention_mask, BLOCKS_ATTRIBUTE, None)
-    if bounds is None or len(bounds) < 2 or query.shape[2] != key.shape[2]:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     causal = getattr(attention_mask, CAUSAL_ATTRIBUTE, False)
+    if bounds is not None and query.shape[2] != key.shape[2] and getattr(attention_mask, VIRTUAL_ATTRIBUTE, False):
+        raise ValueError("a packed row's virtual causal mask cannot serve queries shorter than the keys")
+    if bounds is None or (len(bounds) < 2 and not causal) or query.shape[2] != key.shape[2]:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     if causal:
         kwargs["is_causal"] = True  # SDPA's causal kernel, no mask to read
     outputs = [
