@@ -30,7 +30,6 @@ import ctypes
 import gc
 import json
 import os
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -186,16 +185,12 @@ def _rank(rank: int, size: int, port: int, args: dict, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def measure(size: int, args: dict) -> list[dict]:
     """Every rank's result with ``size`` ranks forked from this process."""
+    from easyr1.distributed.local_group import loopback_port
+
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.start_processes(_rank, args=(size, _free_port(), args, out_dir), nprocs=size, start_method="fork")
+        mp.start_processes(_rank, args=(size, loopback_port(), args, out_dir), nprocs=size, start_method="fork")
         return [json.loads((Path(out_dir) / f"{rank}.json").read_text()) for rank in range(size)]
 
 

@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from easyr1.distributed.tensor_parallel import pool_rows
 from easyr1.errors import ConfigError
 from easyr1.protocol import Batch
 
@@ -91,12 +92,7 @@ class SequenceParallelGroup:
 
     def gather_rows(self, rows: Batch) -> tuple[Batch, list[int]]:
         """All members' rows in rank order, and the positions of this rank's own rows among them (collective)."""
-        if self.size == 1:
-            return rows, list(range(len(rows)))
-        parts: list[Batch | None] = [None] * self.size
-        dist.all_gather_object(parts, rows, group=self.rows_group)
-        start = sum(len(part) for part in parts[: self.index])
-        return Batch.concat(parts), list(range(start, start + len(rows)))
+        return pool_rows(rows, self.rows_group, self.index, self.size)
 
     def bounds(self, length: int) -> tuple[int, int]:
         """This member's slice ``[start, end)`` of a row of ``length`` tokens (a multiple of the group size)."""

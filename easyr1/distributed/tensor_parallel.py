@@ -51,9 +51,17 @@ class TensorParallelGroup:
         Collective over the group. Members may hold different numbers of rows. The positions are a list, not
         a slice, so that ``batch.index(positions)`` copies: a sliced view would pickle the whole pooled storage.
         """
-        if self.size == 1:
-            return rows, list(range(len(rows)))
-        parts: list[Batch | None] = [None] * self.size
-        dist.all_gather_object(parts, rows, group=self.process_group)
-        start = sum(len(part) for part in parts[: self.index])
-        return Batch.concat(parts), list(range(start, start + len(rows)))
+        return pool_rows(rows, self.process_group, self.index, self.size)
+
+
+def pool_rows(rows: Batch, process_group: Any, index: int, size: int) -> tuple[Batch, list[int]]:
+    """The rows of every member of a group of ``size`` ranks in rank order, and the positions of this member's
+    (``index``) own rows among them; collective over ``process_group`` (gloo: the rows travel pickled). Members may
+    hold different numbers of rows. The positions are a list, not a slice, so that ``batch.index(positions)`` copies:
+    a sliced view would pickle the whole pooled storage."""
+    if size == 1:
+        return rows, list(range(len(rows)))
+    parts: list[Batch | None] = [None] * size
+    dist.all_gather_object(parts, rows, group=process_group)
+    start = sum(len(part) for part in parts[:index])
+    return Batch.concat(parts), list(range(start, start + len(rows)))

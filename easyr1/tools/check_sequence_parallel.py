@@ -10,7 +10,6 @@ model-family harness runs it as its ``ulysses`` cell on each family's mixed rows
 
 from __future__ import annotations
 
-import socket
 import tempfile
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from easyr1.distributed.local_group import loopback_port
 from easyr1.protocol import Batch
 
 
@@ -106,18 +106,15 @@ def _rank(
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def split_outputs(model_dir: Path, batch: Batch, banned: list[int], size: int) -> list[dict[str, Outputs]]:
     """Every rank's outputs with ``size`` ranks forked from this process (which must not be in a process group);
     the forked ranks find ``batch`` in the memory they share with it."""
     with tempfile.TemporaryDirectory() as out_dir:
         mp.start_processes(
-            _rank, args=(size, _free_port(), str(model_dir), batch, banned, out_dir), nprocs=size, start_method="fork"
+            _rank,
+            args=(size, loopback_port(), str(model_dir), batch, banned, out_dir),
+            nprocs=size,
+            start_method="fork",
         )
         return [torch.load(Path(out_dir) / f"{rank}.pt", weights_only=False) for rank in range(size)]
 
