@@ -463,9 +463,12 @@ def check_model(model: nn.Module, size: int, key: str) -> None:
 
 def install(model: nn.Module, group: SequenceParallelGroup, key: str = "worker.actor.ulysses_size") -> None:
     """Run ``model``'s forwards across ``group``: mark it and its decoder attentions, cut the decoder's input to this
-    rank's slice, wrap the attention implementation. A group of one leaves the model as it is."""
+    rank's slice, wrap the attention implementation. A group of one leaves the model as it is; a model installed
+    already is refused (a second pre-hook would cut the slice again)."""
     if group.size == 1:
         return
+    if of(model) is not None:
+        raise ValueError(f"{type(model).__name__} already runs its sequences across a group")
     check_model(model, group.size, key)
     decoder = text_decoder(model)
     for layer in decoder.layers:
