@@ -48,6 +48,7 @@ EASYR1_TRAINERS: dict[str, tuple[int, list[str]]] = {
     "easyr1-1w-hf": (1, ["worker.rollout.name=hf"]),
     "easyr1-1p": (1, ["trainer.single_process=true"]),
     "easyr1-1p-hf": (1, ["trainer.single_process=true", "worker.rollout.name=hf"]),
+    "easyr1-1w-bf16": (1, ["worker.actor.fsdp.mp_param_dtype=bf16", "worker.rollout.dtype=bfloat16"]),
 }
 TRAINERS = (*EASYR1_TRAINERS, "trl-hf", "trl-vllm", "trl-plain")
 DEFAULT_TRAINERS = ("easyr1-1w", "easyr1-2w", "trl-hf", "trl-vllm", "trl-plain")
@@ -87,12 +88,15 @@ EASYR1_SETTINGS = {
     "trainer.find_last_checkpoint": False,
 }
 
-# TRL's side: GRPOConfig fields (KEY=VALUE, JSON values) per engine on top of peer_trl.py's own, TRL's fastest on this
-# machine among those bench/peer_trl_sweep.py tries (bench/README.md lists them and what each measured). Change them
-# here, or add more with --trl-set.
-TRL_SETTINGS: dict[str, list[str]] = {
-    "hf": [],
-    "vllm": [],
+# TRL's side: peer_trl.py arguments per engine and size on top of its own settings (``--set KEY=VALUE`` for a
+# GRPOConfig field, ``--bf16``, ``--threads``, ``--vllm-dtype``): TRL's fastest on this machine among the settings
+# bench/peer_trl_sweep.py tries (bench/README.md lists them and what each measured). Change them here; --trl-set adds
+# GRPOConfig fields to every TRL run.
+TRL_SETTINGS: dict[str, dict[str, list[str]]] = {
+    # 2026-11-27 (AVX-512 BF16 CPU): bf16 training 0.78x the fp32 step at 15M, 1.34x at 0.6M
+    "hf": {"0.6M": [], "15M": ["--bf16"]},
+    # bf16 training and vLLM's auto dtype (bf16): 0.67x vLLM in fp32 at 15M, equal at 0.6M
+    "vllm": {"0.6M": [], "15M": ["--bf16", "--vllm-dtype", "auto"]},
 }
 
 
@@ -310,7 +314,8 @@ def run_trl(run: Run, model: Path, data: Path, engine: str, steps: int, args: ar
         command += ["--prompts", str(PROMPTS), "--n", str(SAMPLES_PER_PROMPT), "--max-tokens", str(NEW_TOKENS)]
         if args.trl_bf16:
             command.append("--bf16")
-        for pair in [*TRL_SETTINGS[engine], *args.trl_set]:
+        command += TRL_SETTINGS[engine].get(run.size, [])
+        for pair in args.trl_set:
             command += ["--set", pair]
     (run.peak_rss_gb, run.peak_pss_gb), _ = watch(command, run_env(THREADS, trl=True), work / "run.log")
     result = json.loads(out.read_text())
