@@ -370,7 +370,7 @@ def print_table(runs: list[Run], bare: dict[str, list[dict]], window: tuple[int,
     engine at that size (> 1: faster than TRL)."""
     first, last = window
     header = (
-        f"{'size':6} {'trainer':12} {'s/step':>7} {'reps':>13} {'gen':>6} {'non-gen':>7} {'tok/step':>8} "
+        f"{'size':6} {'trainer':14} {'s/step':>7} {'reps':>13} {'gen':>6} {'non-gen':>7} {'tok/step':>8} "
         f"{'peak RSS':>8} {'peak PSS':>8} {'startup':>7} {'vs TRL':>6}"
     )
     print(f"\nmedians of steps {first}-{last}; s/step = median over repetitions; vs TRL = TRL's faster s/step / this")
@@ -393,7 +393,7 @@ def print_table(runs: list[Run], bare: dict[str, list[dict]], window: tuple[int,
             pss = max(r.peak_pss_gb for r in rs)
             startup = statistics.median(r.startup_s for r in rs)
             print(
-                f"{size:6} {trainer:12} {step_of[trainer]:7.2f} {reps:>13} {gen:6.2f} {rest:7.2f} {tokens:8.0f} "
+                f"{size:6} {trainer:14} {step_of[trainer]:7.2f} {reps:>13} {gen:6.2f} {rest:7.2f} {tokens:8.0f} "
                 f"{rss:6.2f}GB {pss:6.2f}GB {startup:6.1f}s {best_trl / step_of[trainer]:6.2f}"
             )
         ours = {t: v for t, v in step_of.items() if t.startswith("easyr1")}
@@ -424,7 +424,7 @@ def print_table(runs: list[Run], bare: dict[str, list[dict]], window: tuple[int,
                 phases = by_trainer[trainer][0].steps[first - 1 : last]
                 names = sorted({k for s in phases for k in s.get("phases", {})})
                 parts = [f"{n} {statistics.median(s['phases'].get(n, 0.0) for s in phases):.2f}" for n in names]
-                print(f"{'':6} {trainer:12} phases (rep 1): {', '.join(parts)}")
+                print(f"{'':6} {trainer:14} phases (rep 1): {', '.join(parts)}")
         not_engines = ("peak_rss_gb", "rep", "when")
         bare_engines = [engine for result in bare.get(size, []) for engine in result if engine not in not_engines]
         for engine in dict.fromkeys(bare_engines):

@@ -43,6 +43,8 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     # the two causes found: TRL's default gradient checkpointing, and the distributed variables the bench used to set
     "hf-gc": ("hf", ["--set", "gradient_checkpointing=true"]),
     "hf-dist-env": ("hf", []),
+    # the bench's TRL before 2026-11-27: both of the above, and a log line every step
+    "hf-old-bench": ("hf", ["--set", "gradient_checkpointing=true", "--set", "logging_steps=1"]),
     # what a TRL user on CPU could change (use_transformers_continuous_batching=true is refused for multimodal models:
     # "does not support multimodal models. Use `use_vllm` instead.")
     "hf-bf16": ("hf", ["--bf16"]),
@@ -71,9 +73,10 @@ def run_variant(name: str, model: Path, data: Path, steps: int, work: Path) -> d
         command += ["--prompts", str(PROMPTS), "--n", str(SAMPLES_PER_PROMPT), "--max-tokens", str(NEW_TOKENS)]
         command += ["--workdir", str(work / name), *extra]
     env = run_env(THREADS, trl=True)
-    if name == "hf-dist-env":
+    if name in ("hf-dist-env", "hf-old-bench"):
         env.update(DIST_ENV)
-    assert name == "hf-dist-env" or not any(k in env for k in DISTRIBUTED_VARIABLES)
+    else:
+        assert not any(k in env for k in DISTRIBUTED_VARIABLES)
     log = work / f"{name}.log"
     with log.open("w") as file:
         code = subprocess.run(command, env=env, cwd=REPO, stdout=file, stderr=subprocess.STDOUT).returncode
