@@ -40,7 +40,19 @@ SIZES = {
     "0.6M": {},  # the default tiny model: hidden 128, 2 layers
     "15M": {"hidden_size": 512, "num_layers": 6, "intermediate_size": 1024},
 }
-TRAINERS = ("easyr1-1w", "easyr1-2w", "trl-hf", "trl-vllm")
+# easyr1's lines: name -> (workers, overrides on top of EASYR1_SETTINGS); the table's easyr1-best is the fastest of
+# those run. The 1-worker variants: Hugging Face generate instead of vLLM, and the loop in one process without Ray.
+EASYR1_TRAINERS: dict[str, tuple[int, list[str]]] = {
+    "easyr1-1w": (1, []),
+    "easyr1-2w": (2, []),
+    "easyr1-1w-hf": (1, ["worker.rollout.name=hf"]),
+    "easyr1-1p": (1, ["trainer.single_process=true"]),
+    "easyr1-1p-hf": (1, ["trainer.single_process=true", "worker.rollout.name=hf"]),
+    "easyr1-1w-bf16": (1, ["worker.actor.fsdp.mp_param_dtype=bf16", "worker.rollout.dtype=bfloat16"]),
+}
+TRAINERS = (*EASYR1_TRAINERS, "trl-hf", "trl-vllm", "trl-plain")
+DEFAULT_TRAINERS = ("easyr1-1w", "easyr1-2w", "easyr1-1p", "easyr1-1w-bf16", "trl-hf", "trl-vllm", "trl-plain")
+DISTRIBUTED_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 # easyr1's side of the work, in one place: the CPU demo config with these overrides. Change them here (or add more
 # with --easyr1-set) when easyr1's options change.
@@ -74,6 +86,17 @@ EASYR1_SETTINGS = {
     "trainer.val_freq": -1,
     "trainer.save_freq": -1,
     "trainer.find_last_checkpoint": False,
+}
+
+# TRL's side: peer_trl.py arguments per engine and size on top of its own settings (``--set KEY=VALUE`` for a
+# GRPOConfig field, ``--bf16``, ``--threads``, ``--vllm-dtype``): TRL's fastest on this machine among the settings
+# bench/peer_trl_sweep.py tries (bench/README.md lists them and what each measured). Change them here; --trl-set adds
+# GRPOConfig fields to every TRL run.
+TRL_SETTINGS: dict[str, dict[str, list[str]]] = {
+    # 2026-11-27 (AVX-512 BF16 CPU): bf16 training 0.78x the fp32 step at 15M, 1.34x at 0.6M
+    "hf": {"0.6M": [], "15M": ["--bf16"]},
+    # bf16 training and vLLM's auto dtype (bf16): 0.67x vLLM in fp32 at 15M, equal at 0.6M
+    "vllm": {"0.6M": [], "15M": ["--bf16", "--vllm-dtype", "auto"]},
 }
 
 
@@ -209,16 +232,20 @@ def run_env(threads: int, trl: bool = False) -> dict[str, str]:
         VLLM_ENABLE_V1_MULTIPROCESSING="0",
         VLLM_CPU_OMP_THREADS_BIND="nobind",
         PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
-        # the colocated vLLM of TRL runs with external_launcher in a single process
-        RANK="0",
-        LOCAL_RANK="0",
-        WORLD_SIZE="1",
-        MASTER_ADDR="127.0.0.1",
         # Ray starts its workers at niceness +15 by default; on a machine shared with other work they would then
         # get a fraction of the CPU the TRL process (niceness 0) gets. Same priority on both sides.
         RAY_worker_niceness="0",
     )
-    env.setdefault("MASTER_PORT", "29561")
+    if trl:
+        # No RANK / WORLD_SIZE / MASTER_ADDR for TRL: with them set, accelerate takes the one process for a
+        # distributed CPU job (MULTI_CPU: a gloo group, the model in DistributedDataParallel, every gather a
+        # collective) and the steps took 1.4-1.7x as long. TRL sets them itself for its colocated vLLM, after the
+        # accelerator exists, as in a plain run.
+        for name in DISTRIBUTED_VARIABLES:
+            env.pop(name, None)
+    else:
+        env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+        env.setdefault("MASTER_PORT", "29561")
     return env
 
 
@@ -274,18 +301,26 @@ def run_easyr1(run: Run, model: Path, data: Path, workers: int, steps: int, extr
 
 
 def run_trl(run: Run, model: Path, data: Path, engine: str, steps: int, args: argparse.Namespace, work: Path) -> None:
-    """One TRL run in the TRL environment."""
+    """One TRL run in the TRL environment: ``peer_trl.py`` with TRL's best settings for ``engine`` (hf, vllm), or
+    ``plain``: the plain user script ``plain_trl_grpo.py``, TRL's defaults."""
     out = work / "trl.json"
-    command = [str(TRL_PYTHON), str(REPO / "bench" / "peer_trl.py"), "--model", str(model), "--data", str(data)]
-    command += ["--engine", engine, "--steps", str(steps), "--threads", str(THREADS), "--workdir", str(work)]
-    command += ["--out", str(out), "--vllm-dtype", args.trl_vllm_dtype]
-    command += ["--prompts", str(PROMPTS), "--n", str(SAMPLES_PER_PROMPT), "--max-tokens", str(NEW_TOKENS)]
-    if args.trl_bf16:
-        command.append("--bf16")
+    if engine == "plain":
+        command = [str(TRL_PYTHON), str(REPO / "bench" / "plain_trl_grpo.py"), "--model", str(model)]
+        command += ["--data", str(data), "--steps", str(steps), "--out", str(out), "--workdir", str(work)]
+    else:
+        command = [str(TRL_PYTHON), str(REPO / "bench" / "peer_trl.py"), "--model", str(model), "--data", str(data)]
+        command += ["--engine", engine, "--steps", str(steps), "--threads", str(THREADS), "--workdir", str(work)]
+        command += ["--out", str(out), "--vllm-dtype", args.trl_vllm_dtype]
+        command += ["--prompts", str(PROMPTS), "--n", str(SAMPLES_PER_PROMPT), "--max-tokens", str(NEW_TOKENS)]
+        if args.trl_bf16:
+            command.append("--bf16")
+        command += TRL_SETTINGS[engine].get(run.size, [])
+        for pair in args.trl_set:
+            command += ["--set", pair]
     (run.peak_rss_gb, run.peak_pss_gb), _ = watch(command, run_env(THREADS, trl=True), work / "run.log")
     result = json.loads(out.read_text())
-    run.steps, run.startup_s = result["steps"], result["startup_s"]
-    run.extra.update({k: result[k] for k in ("threads", "param_dtype", "vllm_dtype")})
+    run.steps, run.startup_s = result["steps"], result.get("startup_s", 0.0)
+    run.extra.update({k: result[k] for k in ("threads", "param_dtype", "vllm_dtype") if k in result})
 
 
 def run_bare_vllm(model: Path, data: Path, work: Path, engines: list[str]) -> dict:
@@ -335,7 +370,7 @@ def print_table(runs: list[Run], bare: dict[str, list[dict]], window: tuple[int,
     engine at that size (> 1: faster than TRL)."""
     first, last = window
     header = (
-        f"{'size':6} {'trainer':10} {'s/step':>7} {'reps':>13} {'gen':>6} {'non-gen':>7} {'tok/step':>8} "
+        f"{'size':6} {'trainer':14} {'s/step':>7} {'reps':>13} {'gen':>6} {'non-gen':>7} {'tok/step':>8} "
         f"{'peak RSS':>8} {'peak PSS':>8} {'startup':>7} {'vs TRL':>6}"
     )
     print(f"\nmedians of steps {first}-{last}; s/step = median over repetitions; vs TRL = TRL's faster s/step / this")
@@ -347,7 +382,7 @@ def print_table(runs: list[Run], bare: dict[str, list[dict]], window: tuple[int,
             if run.size == size and not run.error:
                 by_trainer.setdefault(run.trainer, []).append(run)
         step_of = {t: statistics.median(measured(r, "step", first, last) for r in rs) for t, rs in by_trainer.items()}
-        trl = [step_of[t] for t in ("trl-hf", "trl-vllm") if t in step_of]
+        trl = [step_of[t] for t in step_of if t.startswith("trl")]
         best_trl = min(trl) if trl else float("nan")
         for trainer, rs in by_trainer.items():
             reps = " / ".join(f"{measured(r, 'step', first, last):.2f}" for r in rs)
@@ -358,15 +393,38 @@ def print_table(runs: list[Run], bare: dict[str, list[dict]], window: tuple[int,
             pss = max(r.peak_pss_gb for r in rs)
             startup = statistics.median(r.startup_s for r in rs)
             print(
-                f"{size:6} {trainer:10} {step_of[trainer]:7.2f} {reps:>13} {gen:6.2f} {rest:7.2f} {tokens:8.0f} "
+                f"{size:6} {trainer:14} {step_of[trainer]:7.2f} {reps:>13} {gen:6.2f} {rest:7.2f} {tokens:8.0f} "
                 f"{rss:6.2f}GB {pss:6.2f}GB {startup:6.1f}s {best_trl / step_of[trainer]:6.2f}"
+            )
+        ours = {t: v for t, v in step_of.items() if t.startswith("easyr1")}
+        theirs = {t: v for t, v in step_of.items() if t.startswith("trl")}
+        if ours and theirs:
+            best_ours, best_theirs = min(ours, key=ours.get), min(theirs, key=theirs.get)
+            per_rep = []  # each repetition's best of each side, paired by repetition
+            for rep in sorted({r.rep for rs in by_trainer.values() for r in rs}):
+                of_rep = {
+                    t: measured(r, "step", first, last) for t, rs in by_trainer.items() for r in rs if r.rep == rep
+                }
+                mine = [v for t, v in of_rep.items() if t.startswith("easyr1")]
+                peer = [v for t, v in of_rep.items() if t.startswith("trl")]
+                if mine and peer:
+                    per_rep.append(f"{min(peer) / min(mine):.2f}")
+            print(
+                f"{'':6} easyr1-best / TRL-best: {best_ours} {ours[best_ours]:.2f} s vs {best_theirs} "
+                f"{theirs[best_theirs]:.2f} s = {theirs[best_theirs] / ours[best_ours]:.2f}x "
+                f"(per repetition: {' / '.join(per_rep)})"
+            )
+        if "trl-hf" in step_of and "trl-plain" in step_of:
+            print(
+                f"{'':6} trl-hf / trl-plain (the plain GRPOTrainer script): "
+                f"{step_of['trl-hf'] / step_of['trl-plain']:.2f} (target within 15%)"
             )
         for trainer in by_trainer:
             if trainer.startswith("easyr1"):
                 phases = by_trainer[trainer][0].steps[first - 1 : last]
                 names = sorted({k for s in phases for k in s.get("phases", {})})
                 parts = [f"{n} {statistics.median(s['phases'].get(n, 0.0) for s in phases):.2f}" for n in names]
-                print(f"{'':6} {trainer:10} phases (rep 1): {', '.join(parts)}")
+                print(f"{'':6} {trainer:14} phases (rep 1): {', '.join(parts)}")
         not_engines = ("peak_rss_gb", "rep", "when")
         bare_engines = [engine for result in bare.get(size, []) for engine in result if engine not in not_engines]
         for engine in dict.fromkeys(bare_engines):
@@ -402,12 +460,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small model only, one repetition, 6 steps")
     parser.add_argument("--sizes", default=",".join(SIZES), help=f"comma list of {', '.join(SIZES)}")
-    parser.add_argument("--trainers", default=",".join(TRAINERS), help=f"comma list of {', '.join(TRAINERS)}")
+    parser.add_argument("--trainers", default=",".join(DEFAULT_TRAINERS), help=f"comma list of {', '.join(TRAINERS)}")
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--no-bare-vllm", action="store_true", help="skip the bare vLLM line")
     parser.add_argument("--easyr1-set", action="append", default=[], metavar="KEY=VALUE", help="extra override")
     parser.add_argument("--trl-bf16", action="store_true", help="TRL trains with bf16=True")
+    parser.add_argument(
+        "--trl-set", action="append", default=[], metavar="KEY=VALUE", help="extra GRPOConfig field for TRL's runs"
+    )
     parser.add_argument(
         "--trl-vllm-dtype",
         default="float32",
@@ -451,8 +512,9 @@ def main() -> None:
                 start = time.time()
                 try:
                     if trainer.startswith("easyr1"):
-                        workers = int(trainer.removeprefix("easyr1-").removesuffix("w"))
-                        run_easyr1(run, models[size], data, workers, args.steps, args.easyr1_set, work)
+                        workers, overrides = EASYR1_TRAINERS[trainer]
+                        extra = [*overrides, *args.easyr1_set]
+                        run_easyr1(run, models[size], data, workers, args.steps, extra, work)
                     else:
                         run_trl(run, models[size], data, trainer.removeprefix("trl-"), args.steps, args, work)
                 except (RuntimeError, OSError, KeyError, ValueError, StopIteration) as error:

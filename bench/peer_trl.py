@@ -1,17 +1,27 @@
 """One TRL ``GRPOTrainer`` run of the peer benchmark, in the bench-only TRL environment (``bench/.venv-trl``).
 
 ``bench/peer_bench.py`` starts it as a subprocess; it trains ``--steps`` optimizer steps on the shared tiny model and
-dataset and writes one JSON file: per-step wall time, time in generation (TRL's ``_generate``: weight sync to vLLM,
-chat template, tokenisation, sampling), generated tokens per step and the start-up time. With ``--print-prompt-ids``
-it only prints the prompt token ids TRL's processor produces for the first rows (no training), for the bench's
-check that both trainers see the same prompts.
+dataset and writes one JSON file: per-step wall time (``on_step_begin`` to ``on_step_end``: generation, scoring,
+forward, backward, clipping, the optimizer), the period between consecutive step ends (data loading and logging
+added), the process's CPU seconds in the step, time in generation (TRL's ``_generate``: weight sync to vLLM, chat
+template, tokenisation, sampling), generated tokens per step and the start-up time. With ``--print-prompt-ids`` it
+only prints the prompt token ids TRL's processor produces for the first rows (no training), for the bench's check
+that both trainers see the same prompts.
+
+Settings are TRL's defaults but for the work itself (batch, lengths, loss, optimizer: ``bench/README.md``) and no
+gradient checkpointing; ``--set KEY=VALUE`` changes any ``GRPOConfig`` field (``bench/peer_trl_sweep.py`` tries
+them), ``--profile FILE`` writes a cProfile of the steps from ``--profile-from`` on.
 
     bench/.venv-trl/bin/python bench/peer_trl.py --model DIR --data DIR --engine hf|vllm --out FILE
+
+Run it without ``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` in the environment: with them accelerate treats the one
+process as a distributed CPU job (``peer_bench.run_env`` explains); TRL sets them itself for its colocated vLLM.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import importlib.util
 import json
 import os
@@ -132,6 +142,19 @@ def generation_kwargs(args: argparse.Namespace) -> dict:
     return {"min_new_tokens": args.max_tokens, "suppress_tokens": banned}
 
 
+def config_overrides(pairs: list[str]) -> dict:
+    """``KEY=VALUE`` pairs as ``GRPOConfig`` keyword arguments; a value is read as JSON where it parses as JSON
+    (``true``, ``10``, ``"static"``), else kept as a string."""
+    overrides = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    return overrides
+
+
 def train(args: argparse.Namespace) -> dict:
     """Run GRPO for ``args.steps`` steps and return the measurements."""
     import torch
@@ -146,49 +169,72 @@ def train(args: argparse.Namespace) -> dict:
             force_vllm_dtype(args.vllm_dtype)
     samples = args.prompts * args.n
     dataset = Dataset.from_list(load_rows(Path(args.data), args.prompts * (args.steps + 1)))
-    config = GRPOConfig(
-        output_dir=args.workdir,
-        use_cpu=True,
-        bf16=args.bf16,
-        seed=args.seed,
-        max_steps=args.steps,
-        learning_rate=1e-5,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        max_grad_norm=1.0,
+    settings = {
+        "output_dir": args.workdir,
+        "use_cpu": True,
+        "bf16": args.bf16,
+        "seed": args.seed,
+        "max_steps": args.steps,
+        "learning_rate": 1e-5,
+        "lr_scheduler_type": "constant",
+        "warmup_steps": 0,
+        "weight_decay": 0.0,
+        "max_grad_norm": 1.0,
         # one generation batch of prompts x n samples per optimizer step, used once, in one forward/backward pass
-        per_device_train_batch_size=samples,
-        gradient_accumulation_steps=1,
-        steps_per_generation=1,
-        num_iterations=1,
-        num_generations=args.n,
-        max_completion_length=args.max_tokens,
-        temperature=1.0,
-        beta=0.0,
-        loss_type="dapo",  # token losses averaged over all tokens of the batch: easyr1's token-mean
-        epsilon=0.2,
-        epsilon_high=0.3,  # easyr1's clip_ratio_low / clip_ratio_high defaults
-        use_vllm=args.engine == "vllm",
-        vllm_mode="colocate",
-        vllm_max_model_length=128,
+        "per_device_train_batch_size": samples,
+        "gradient_accumulation_steps": 1,
+        "steps_per_generation": 1,
+        "num_iterations": 1,
+        "num_generations": args.n,
+        "max_completion_length": args.max_tokens,
+        "temperature": 1.0,
+        "beta": 0.0,
+        "loss_type": "dapo",  # token losses averaged over all tokens of the batch: easyr1's token-mean
+        "epsilon": 0.2,
+        "epsilon_high": 0.3,  # easyr1's clip_ratio_low / clip_ratio_high defaults
+        "use_vllm": args.engine == "vllm",
+        "vllm_mode": "colocate",
+        "vllm_max_model_length": 128,
         # every sample generates exactly max_tokens tokens, like easyr1's worker.rollout.ignore_eos=true: the
         # end-of-sequence token cannot be sampled before the last position
-        generation_kwargs=generation_kwargs(args),
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-    )
+        "generation_kwargs": generation_kwargs(args),
+        # TRL's GRPOConfig turns gradient checkpointing on by default: a recomputed forward in every backward, memory
+        # a model this small does not need (the plain script and the independent run train without it)
+        "gradient_checkpointing": False,
+        "report_to": [],
+        "save_strategy": "no",
+        "dataloader_num_workers": 0,
+        "disable_tqdm": True,
+    }
+    settings.update(config_overrides(args.set))
+    config = GRPOConfig(**settings)
     steps: list[dict] = []
 
+    ends = []
+    profiler = cProfile.Profile() if args.profile else None
+
     class StepTimer(TrainerCallback):
+        def on_train_begin(self, *_, **__):
+            ends.append(time.perf_counter())
+
         def on_step_begin(self, *_, **__):
-            steps.append({"start": time.perf_counter(), "wall": time.time(), "gen": 0.0, "tokens": 0})
+            if profiler is not None and len(steps) + 1 == args.profile_from:
+                profiler.enable()
+            steps.append(
+                {
+                    "start": time.perf_counter(),
+                    "cpu0": time.process_time(),
+                    "wall": time.time(),
+                    "gen": 0.0,
+                    "tokens": 0,
+                }
+            )
 
         def on_step_end(self, *_, **__):
-            steps[-1]["step"] = time.perf_counter() - steps[-1]["start"]
+            ends.append(time.perf_counter())
+            steps[-1]["step"] = ends[-1] - steps[-1]["start"]
+            steps[-1]["period"] = ends[-1] - ends[-2]
+            steps[-1]["cpu"] = time.process_time() - steps[-1]["cpu0"]
 
     trainer = GRPOTrainer(
         model=args.model,
@@ -208,9 +254,13 @@ def train(args: argparse.Namespace) -> dict:
 
     trainer._generate = timed_generate
     trainer.train()
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(args.profile)
     return {
         "steps": [
-            {"step": s["step"], "gen": s["gen"], "rest": s["step"] - s["gen"], "tokens": s["tokens"]} for s in steps
+            {k: s[k] for k in ("step", "period", "cpu", "gen", "tokens")} | {"rest": s["step"] - s["gen"]}
+            for s in steps
         ],
         "startup_s": steps[0]["wall"] - PROCESS_START,  # interpreter start to the first step's start
         "threads": torch.get_num_threads(),
@@ -233,6 +283,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--bf16", action="store_true", help="TRL's bf16=True (mixed precision training)")
     parser.add_argument("--vllm-dtype", default="float32", help="dtype of the colocated vLLM engine, or 'auto'")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a GRPOConfig field (repeatable), JSON value"
+    )
+    parser.add_argument("--profile", help="write a cProfile of the steps from --profile-from on to this file")
+    parser.add_argument("--profile-from", type=int, default=3)
     parser.add_argument("--workdir", default="/tmp/peer_trl")
     parser.add_argument("--out", help="JSON result file")
     parser.add_argument("--print-prompt-ids", type=int, metavar="COUNT", help="only print TRL's prompt ids")
