@@ -329,10 +329,14 @@ def connect_weight_push(trainers: Any, generators: Any) -> None:
 
 
 def start_scorer(config: PPOConfig, reward_fn: Any) -> RewardScorer:
-    """The reward scorer: the loaded function in this process (``trainer.single_process``), else in a Ray actor on
-    the driver's node."""
+    """The reward scorer: served from this process when the function has a time limit (it then runs in a child
+    process of this one, scored while the workers go on) or with ``trainer.single_process``; else (no limit, Ray) in
+    a Ray actor on the driver's node, so that the function does not hold the driver's GIL.
+
+    With a limit a Ray actor would only relay the calls to the same child: a process of ~130 MB, a Ray call per
+    batch and an actor start saved."""
     reward = config.worker.reward
-    if config.trainer.single_process:
+    if config.trainer.single_process or reward.timeout is not None:
         return LocalRewardScorer(timed_reward_function(reward_fn, reward.timeout, reward.timeout_score))
     from easyr1.reward.ray_scorer import RayRewardScorer
 

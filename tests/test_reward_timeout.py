@@ -162,6 +162,63 @@ def test_the_local_scorer_closes_its_child(sequential):
     assert child.poll() is not None
 
 
+GATED_REWARD = """
+import os, time
+REWARD_TYPE = "sequential"
+def compute_score(item):
+    while not os.path.exists({gate!r}):  # scores only once the test opens the gate
+        time.sleep(0.01)
+    return {{"overall": float(len(item["response"]))}}
+"""
+
+
+def test_the_local_scorer_returns_at_once_and_scores_in_its_thread(tmp_path):
+    """With a limit the caller is not held: ``score`` returns while the child still waits at the gate, calls are
+    answered in order, and an error in the file reaches ``result`` as it is."""
+    gate = tmp_path / "gate"
+    path = tmp_path / "gated.py"
+    path.write_text(GATED_REWARD.format(gate=str(gate)))
+    scorer = LocalRewardScorer(TimedRewardFunction(load_reward_function(f"{path}:compute_score"), 30.0))
+    try:
+        first, second = scorer.score([sample("ab")]), scorer.score([sample("abcd"), sample("a")])
+        gate.touch()  # had score() waited for the function, this line would never have run
+        assert first.result().sub_scores["overall"] == [2.0]
+        assert second.result().sub_scores["overall"] == [4.0, 1.0]
+        path.write_text("REWARD_TYPE = 'sequential'\ndef compute_score(item):\n    raise ValueError('cannot grade')\n")
+    finally:
+        scorer.close()
+    broken = LocalRewardScorer(TimedRewardFunction(load_reward_function(f"{path}:compute_score"), 30.0))
+    try:
+        pending = broken.score([sample("x")])
+        with pytest.raises(RewardError, match="cannot grade"):
+            pending.result()
+    finally:
+        broken.close()
+
+
+def test_a_run_serves_a_limited_function_from_the_driver_and_an_unlimited_one_from_an_actor(monkeypatch):
+    """The scorer a Ray run gets: the driver's own (the child does the work; no reward actor) under a limit, the
+    Ray actor without one; a one-process run always the driver's own."""
+    from easyr1 import build
+    from easyr1.reward import ray_scorer
+
+    made = []
+    monkeypatch.setattr(ray_scorer, "RayRewardScorer", lambda *args, **kwargs: made.append(kwargs) or "actor")
+    base = [f"config={REPO / 'examples' / 'config_cpu.yaml'}", "worker.reward.reward_function=reward_function/math.py"]
+    reward_fn = load_reward_function(str(REPO / "reward_function" / "math.py"))
+    for overrides, expected in (
+        ([], "local-timed"),
+        (["worker.reward.timeout=null"], "actor"),
+        (["worker.reward.timeout=null", "trainer.single_process=true", "trainer.n_gpus_per_node=1"], "local"),
+    ):
+        scorer = build.start_scorer(load_config(base + overrides), reward_fn)
+        kind = scorer if isinstance(scorer, str) else "local" + ("-timed" if scorer._thread is not None else "")
+        assert kind == expected, overrides
+        if not isinstance(scorer, str):
+            scorer.close()
+    assert made == [{"timeout": None, "timeout_score": None}]
+
+
 def test_the_math_reward_scores_alike_with_and_without_the_limit():
     reward_fn = load_reward_function(str(REPO / "reward_function" / "math.py"))
     inputs = [sample("<think>2+2</think> \\boxed{4}") | {"ground_truth": "4"}, sample("\\boxed{9^{9^{9^{9}}}}")]

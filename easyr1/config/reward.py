@@ -28,7 +28,11 @@ class RewardConfig:
     )
     reward_function_kwargs: dict[str, Any] = option({}, "extra keyword arguments passed to the reward function")
     skip_special_tokens: bool = option(True, "drop special tokens when decoding responses for scoring")
-    num_cpus: int = option(1, "CPUs reserved for the reward computation")
+    num_cpus: int = option(
+        1,
+        "CPUs reserved for the reward actor, which scores when worker.reward.timeout is null (with a timeout the "
+        "function runs in a child process of the driver)",
+    )
     timeout: float | None = option(
         300.0,
         "seconds one call of the reward function may take (a batch for REWARD_TYPE batch, one sample for "

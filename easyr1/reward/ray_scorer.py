@@ -1,5 +1,9 @@
 """The reward function in a Ray actor, off the driver's critical path: its scores arrive while the workers go on.
 
+Runs use it for a function without a time limit (``worker.reward.timeout: null``): called in the driver's process it
+would hold the driver's GIL. A function with a limit runs in a child process of the driver instead
+(:class:`~easyr1.reward.scorer.LocalRewardScorer`), where an actor would only relay the calls.
+
 The actor runs on the driver's node when a CPU is free there (the reward file was found on that node; another node
 may not have it). It never imports torch: :class:`~easyr1.reward.rewards.Rewards` travel as lists of floats.
 """
