@@ -83,7 +83,7 @@ def test_a_worker_killed_mid_run_stops_the_run_with_the_command_that_resumes_it(
     # the checkpoint is complete: what a resume reads is all there, and a resume would pick it
     assert {path.name for path in step_dir.iterdir()} >= {"actor", "trainer_state.pt", "config.yaml"}
     assert CheckpointDirectory(run_dir).resume_path(None, find_last_checkpoint=True) == step_dir
-    # nothing of the run is left: its Ray processes, the other worker, the reward actor
+    # nothing of the run is left: its Ray processes, the other worker, the reward function's child process
     wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family), 20, "cleanup")
 
 

@@ -3,9 +3,10 @@ a call runs past the limit.
 
 Why a process: a reward function is user code, and what hangs in it is often pure python (sympy on a huge power
 tower) or one long C call (a big integer power). ``SIGALRM`` interrupts only the first, and only in the main thread,
-while the Ray reward actor runs its methods in another thread; a thread cannot be stopped at all. A killed process
-always stops, and a fresh one takes its place for the next call. The child is started once and kept (it imports the
-reward file once); a call costs the pickling of its inputs and scores through a pipe.
+while the driver waits for the scores in a thread of its own (and the Ray reward actor runs its methods in another);
+a thread cannot be stopped at all. A killed process always stops, and a fresh one takes its place for the next call.
+The child is started once and kept (it imports the reward file once); a call costs the pickling of its inputs and
+scores through a pipe.
 
 A call is one 'batch' call (the whole batch) or one 'sequential' call (one sample: the child reports each score as
 it finishes, so the sample that hangs is known). Past the limit, ``worker.reward.timeout_score`` null stops the run
