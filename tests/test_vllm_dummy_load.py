@@ -9,6 +9,8 @@ Each engine runs in this process, in a one-rank gloo world, as in a worker.
 from __future__ import annotations
 
 import gc
+import json
+import shutil
 from collections.abc import Callable, Iterable
 
 import pytest
@@ -137,6 +139,28 @@ def test_a_first_sync_that_misses_a_parameter_raises_naming_it(tiny_model_dir):
             engine.sync_weights(iter(weights))  # complete: no error, and none for later partial syncs
             engine.reload_reason = None
             engine.sync_weights(without(weights, "model.norm.weight"))
+        finally:
+            del engine
+            gc.collect()
+
+
+def test_tied_embeddings_with_an_lm_head_in_the_checkpoint_load_the_checkpoint(tiny_model_dir, tmp_path, capsys):
+    from easyr1.engines.vllm_dummy_load import needs_checkpoint
+    from easyr1.models.loading import load_model_config
+
+    untied = tiny_model_dir("qwen2")
+    assert needs_checkpoint(str(untied), load_model_config(str(untied))) is None
+    # the same checkpoint (lm_head.weight included) under a config that says tied: only the values can decide
+    tied = tmp_path / "tied"
+    shutil.copytree(untied, tied)
+    config = json.loads((tied / "config.json").read_text())
+    (tied / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    assert "lm_head" in needs_checkpoint(str(tied), load_model_config(str(tied)))
+    with single_rank_vllm_world():
+        engine = build_engine(tied, "dummy")
+        try:
+            assert engine.load_format == "auto" and not engine.weights_discarded
+            assert "vLLM loads the checkpoint at start (not load_format=dummy)" in capsys.readouterr().out
         finally:
             del engine
             gc.collect()

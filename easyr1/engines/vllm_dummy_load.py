@@ -57,6 +57,21 @@ def register() -> None:
     _registered = True
 
 
+def needs_checkpoint(model_path: str, model_config: Any) -> str | None:
+    """Why the engine of ``model_path`` must load its checkpoint after all, or ``None``.
+
+    A config that says the word embeddings are tied while the checkpoint has an ``lm_head`` of its own: vLLM then
+    builds an untied ``lm_head`` and re-ties it only if the loaded values equal the embeddings (as transformers
+    decides for the actor), which random values never do. The engine would keep a separate ``lm_head`` that an
+    actor with tied embeddings never sends. Reads the safetensors headers only (tensor names, as vLLM does)."""
+    from vllm.transformers_utils.config import checkpoint_has_lm_head
+
+    configs = (model_config, model_config.get_text_config())
+    if any(getattr(config, "tie_word_embeddings", False) for config in configs) and checkpoint_has_lm_head(model_path):
+        return "the config ties the word embeddings, but the checkpoint has an lm_head whose values decide the tie"
+    return None
+
+
 def check_first_sync(worker: Any, loaded: Iterable[str] | None) -> None:
     """Run on the engine's worker after a sync whose ``load_weights`` returned ``loaded`` (vLLM's parameter names):
     in an engine started without the checkpoint, a parameter that no sync has written yet still holds random

@@ -195,10 +195,18 @@ class VLLMEngine:
         from easyr1.models.loading import load_model_config
 
         # the weights it loads are named as the family's checkpoints name them (Family.checkpoint_name)
-        self.family = family_of(load_model_config(model_path, trust_remote_code, override_config))
-        if load_format == "dummy":  # vLLM's dummy load, buffers kept, first sync checked (vllm_dummy_load)
-            vllm_dummy_load.register()
-            load_format = vllm_dummy_load.LOAD_FORMAT
+        model_config = load_model_config(model_path, trust_remote_code, override_config)
+        self.family = family_of(model_config)
+        self.load_format = load_format
+        if load_format == "dummy":
+            reason = vllm_dummy_load.needs_checkpoint(model_path, model_config)
+            if reason is None:  # vLLM's dummy load, buffers kept, first sync checked (vllm_dummy_load)
+                vllm_dummy_load.register()
+                load_format = vllm_dummy_load.LOAD_FORMAT
+            else:
+                self.load_format = "auto"
+                if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+                    print(f"easyr1: vLLM loads the checkpoint at start (not load_format=dummy): {reason}")
         self.llm = LLM(
             model=model_path,
             tokenizer=tokenizer_path,
@@ -225,7 +233,7 @@ class VLLMEngine:
             vllm_shm.release_names(self.shm_tag)
         self.sleep_supported = on_gpu
         # the engine starts awake with the checkpoint's weights, or (dummy load) with random ones the sync replaces
-        self.weights_discarded = load_format != "auto"
+        self.weights_discarded = self.load_format != "auto"
         self.sleeping: set[str] = set()  # what sleep released and no wake has re-allocated yet
         self.reload_reason: str | None = None
         self.stepwise_calls = 0  # numbers the requests of each step-driven call (ids unique per engine)
