@@ -508,6 +508,10 @@ def test_small_setup_is_valid():
         (["worker.rollout.name=sglang"], "worker.rollout.name='sglang' is not supported; valid values: vllm, hf"),
         (["worker.rollout.dtype=fp8"], "worker.rollout.dtype='fp8' is not supported"),
         (
+            ["worker.rollout.load_format=dumy"],
+            "worker.rollout.load_format='dumy' is not supported (did you mean 'dummy'?); valid values: dummy, auto",
+        ),
+        (
             ["worker.ref.fsdp.fsdp_size=1"],
             "worker.ref.fsdp.fsdp_size=1: every model is sharded over all 2 workers (hybrid sharding over smaller "
             "groups is not implemented)",

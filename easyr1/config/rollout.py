@@ -55,6 +55,12 @@ class RolloutConfig:
         "of a prompt between its n samples, so smaller blocks share more of its prefill; vLLM's CPU attention takes "
         "multiples of 32, its GPU kernels multiples of 16",
     )
+    load_format: str = option(
+        "dummy",
+        "how vLLM fills its weights at start: 'dummy' reads no checkpoint (random values, which the actor's weight "
+        "sync before the first rollout replaces and must prove it wrote, parameter by parameter), 'auto' loads the "
+        "checkpoint first (verl's rollout.load_format)",
+    )
     disable_log_stats: bool = option(True, "silence vLLM's periodic statistics")
     disable_tqdm: bool = option(False, "hide rank 0's generation progress bar")
     val_override_config: dict[str, Any] = option({}, "rollout keys changed for validation, e.g. {temperature: 0.6}")
@@ -67,6 +73,9 @@ class RolloutConfig:
     prompt_length: int = mirror(512, "data.max_prompt_length")
     response_length: int = mirror(512, "data.max_response_length")
 
+
+# worker.rollout.load_format: vLLM's formats easyr1 starts an engine with (vllm_engine.VLLMEngine)
+LOAD_FORMATS = ("dummy", "auto")
 
 # Value rules of single keys, relative to ``worker.rollout``.
 ROLLOUT_RANGES = {
@@ -87,6 +96,7 @@ ROLLOUT_RANGES = {
 def check_rollout_names(rollout: RolloutConfig, problems: list[str]) -> None:
     """The engine name (a registered engine) and the engine's dtype name."""
     one_of(problems, "worker.rollout.name", rollout.name, ENGINES.names())
+    one_of(problems, "worker.rollout.load_format", rollout.load_format, LOAD_FORMATS)
     if rollout.dtype is not None:
         one_of(problems, "worker.rollout.dtype", rollout.dtype, DTYPE_NAMES)
 

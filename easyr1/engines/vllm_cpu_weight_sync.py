@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+import easyr1.engines.vllm_dummy_load as vllm_dummy_load
+
 
 PLAN_ATTRIBUTE = "_easyr1_cpu_weight_sync"
 
@@ -174,7 +176,7 @@ def load(worker: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
                 fresh.weight_loader = _counting_loader(entry, _get_original_loader(fresh))
                 entry.layer.register_parameter("weight", fresh)
                 entry.fresh, entry.count = fresh, 0
-            model.load_weights(weights)
+            loaded = model.load_weights(weights)
         except BaseException:
             for entry in plan.repacked:  # the kernels not rebuilt yet are the old ones, still valid
                 entry.layer.register_parameter("weight", entry.placeholder)
@@ -196,6 +198,8 @@ def load(worker: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
     # what the model runner's reload_weights clears after loading (LoRA state aside: no LoRA here)
     worker.model_runner.reset_encoder_cache()
     worker.model_runner.reset_mm_cache()
+    # an engine started without its checkpoint: the first sync must have written every parameter
+    vllm_dummy_load.check_first_sync(worker, loaded)
 
 
 def _counting_loader(entry: Repacked, loader: Callable[..., Any]) -> Callable[..., Any]:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 import easyr1.engines.vllm_cpu_weight_sync as vllm_cpu_weight_sync
+import easyr1.engines.vllm_dummy_load as vllm_dummy_load
 import easyr1.engines.vllm_shm as vllm_shm
 from easyr1.algorithms.logits import BANNED_TOKEN_BIAS
 from easyr1.engines.base import SamplingSettings, StopRule, is_active, pack_continued, pack_responses, partial_of
@@ -163,6 +164,7 @@ class VLLMEngine:
         disable_log_stats: bool = True,
         override_config: dict[str, Any] | None = None,
         show_progress: bool = False,
+        load_format: str = "auto",
     ) -> None:
         on_gpu = torch.cuda.is_available()
         if on_gpu:
@@ -193,7 +195,18 @@ class VLLMEngine:
         from easyr1.models.loading import load_model_config
 
         # the weights it loads are named as the family's checkpoints name them (Family.checkpoint_name)
-        self.family = family_of(load_model_config(model_path, trust_remote_code, override_config))
+        model_config = load_model_config(model_path, trust_remote_code, override_config)
+        self.family = family_of(model_config)
+        self.load_format = load_format
+        if load_format == "dummy":
+            reason = vllm_dummy_load.needs_checkpoint(model_path, model_config)
+            if reason is None:  # vLLM's dummy load, buffers kept, first sync checked (vllm_dummy_load)
+                vllm_dummy_load.register()
+                load_format = vllm_dummy_load.LOAD_FORMAT
+            else:
+                self.load_format = "auto"
+                if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+                    print(f"easyr1: vLLM loads the checkpoint at start (not load_format=dummy): {reason}")
         self.llm = LLM(
             model=model_path,
             tokenizer=tokenizer_path,
@@ -213,12 +226,14 @@ class VLLMEngine:
             disable_log_stats=disable_log_stats,
             use_tqdm_on_load=False,  # one loading bar per worker is noise
             logprobs_mode="processed_logprobs",  # after temperature, like the actor's logits / temperature
+            load_format=load_format,
             **extra,
         )
         if tensor_parallel_size > 1:  # only groups of several ranks share memory
             vllm_shm.release_names(self.shm_tag)
         self.sleep_supported = on_gpu
-        self.weights_discarded = False  # the engine starts awake with the checkpoint's weights
+        # the engine starts awake with the checkpoint's weights, or (dummy load) with random ones the sync replaces
+        self.weights_discarded = self.load_format != "auto"
         self.sleeping: set[str] = set()  # what sleep released and no wake has re-allocated yet
         self.reload_reason: str | None = None
         self.stepwise_calls = 0  # numbers the requests of each step-driven call (ids unique per engine)
@@ -259,6 +274,8 @@ class VLLMEngine:
         gives sample k the seed ``seed + k``, the seed the row has, so the tokens are those of one request per row.
         Rows that continue partial responses, padding rows, or a ``stop`` rule take :meth:`_generate_stepwise`.
         """
+        if self.weights_discarded:  # random (dummy load) or freed (level-2 sleep) weights: nothing to sample from
+            raise RuntimeError("the vLLM engine holds no weights (dummy load or level-2 sleep): sync_weights first")
         if stop is not None or "partial_ids" in prompts or "active" in prompts:
             return self._generate_stepwise(prompts, sampling, seeds, stop)
         from vllm import SamplingParams
@@ -407,7 +424,7 @@ class VLLMEngine:
         if self.reload_reason is None:
             self.llm.collective_rpc(vllm_cpu_weight_sync.load, args=(cast,))
         else:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": cast})
+            self.llm.collective_rpc(vllm_dummy_load.reload_weights, args=(cast,))
             # vLLM-CPU's reload leaves mixture-of-experts weights unpacked for its kernel (see the function)
             self.llm.collective_rpc(vllm_cpu_weight_sync.repack_cpu_experts)
         self.llm.reset_prefix_cache()
@@ -564,4 +581,7 @@ def build_vllm_engine(setup: EngineSetup) -> VLLMEngine:
         disable_log_stats=rollout.disable_log_stats,
         override_config=model.override_config,
         show_progress=setup.show_progress,
+        # the worker syncs the actor's weights before the first generate (weights_discarded), so by default no
+        # checkpoint is read here
+        load_format=rollout.load_format,
     )
