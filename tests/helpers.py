@@ -212,6 +212,26 @@ def single_rank_vllm_world(**extra_env: str) -> Iterator[None]:
         destroy_distributed_environment()  # also destroys torch's default group
 
 
+def tiny_vllm_engine(model_dir: Path | str, **settings):
+    """easyr1's :class:`~easyr1.engines.vllm_engine.VLLMEngine` of a tiny model in this process (inside
+    :func:`single_rank_vllm_world`): fp32, eager, 256 tokens, one image per prompt, a 32 MiB KV cache; ``settings``
+    replace any of these or add others (``load_format``, ``block_size``, ...)."""
+    from easyr1.engines.vllm_engine import VLLMEngine
+
+    defaults = dict(
+        dtype=torch.float32,
+        max_model_len=256,
+        tensor_parallel_size=1,
+        seed=0,
+        pad_token_id=0,
+        banned_token_ids=[],
+        limit_images=1,
+        enforce_eager=True,
+        cpu_kv_cache_bytes=32 * 2**20,
+    )
+    return VLLMEngine(str(model_dir), str(model_dir), **{**defaults, **settings})
+
+
 def vllm_generate(model_dir: Path, requests: list, params, **engine_args) -> list:
     """A plain ``vllm.LLM`` of ``model_dir`` (float32, eager) generating ``requests`` in this process, on a one-rank
     world through vLLM's external launcher; the engine is gone afterwards."""

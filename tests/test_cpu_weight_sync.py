@@ -13,7 +13,7 @@ import json
 
 import pytest
 import torch
-from helpers import prompt_batch, single_rank_vllm_world
+from helpers import prompt_batch, single_rank_vllm_world, tiny_vllm_engine
 from safetensors.torch import load_file
 
 from easyr1.engines.base import SamplingSettings
@@ -36,24 +36,10 @@ def text_dataset(tmp_path_factory):
 # (family, enforce_eager): compiling costs ~30 s, so one compiled engine; the compiled graph must see new weights
 @pytest.fixture(scope="module", params=[("qwen2_5_vl", True), ("qwen2_5_vl", False), ("qwen3_vl", True)], ids=str)
 def engine(request, tiny_model_dir):
-    from easyr1.engines.vllm_engine import VLLMEngine
-
     family, eager = request.param
     model_dir = tiny_model_dir(family)
     with single_rank_vllm_world():
-        rollout = VLLMEngine(
-            str(model_dir),
-            str(model_dir),
-            dtype=torch.float32,
-            max_model_len=256,
-            tensor_parallel_size=1,
-            seed=0,
-            pad_token_id=0,
-            banned_token_ids=[],
-            limit_images=1,
-            enforce_eager=eager,
-            cpu_kv_cache_bytes=32 * 2**20,
-        )
+        rollout = tiny_vllm_engine(model_dir, enforce_eager=eager)
         try:
             yield model_dir, rollout, PIXELS[family]
         finally:

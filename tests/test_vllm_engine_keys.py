@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import prompt_batch, single_rank_vllm_world
+from helpers import prompt_batch, single_rank_vllm_world, tiny_vllm_engine
 
 from easyr1.engines.base import SamplingSettings
 
@@ -42,22 +42,7 @@ def language_norm_eps(worker) -> list[float]:
 
 def build_engine(model_dir: str, block_size: int | None = None, **keys: Any):
     """easyr1's vLLM engine on the tiny model, eager, with ``worker.rollout.block_size`` and other ``keys``."""
-    from easyr1.engines.vllm_engine import VLLMEngine
-
-    return VLLMEngine(
-        model_dir,
-        model_dir,
-        dtype=torch.float32,
-        max_model_len=128,
-        tensor_parallel_size=1,
-        seed=0,
-        pad_token_id=0,
-        banned_token_ids=[],
-        enforce_eager=True,
-        block_size=block_size,
-        cpu_kv_cache_bytes=32 * 2**20,
-        **keys,
-    )
+    return tiny_vllm_engine(model_dir, max_model_len=128, limit_images=0, block_size=block_size, **keys)
 
 
 def test_override_config_and_progress_bar_reach_vllm(engine_world, tiny_qwen2_5_vl_dir, tiny_dataset_dir, capsys):
