@@ -44,6 +44,13 @@ class Recorder(Worker):
     def cache_entries(self) -> int:
         return len(self.sample_cache)
 
+    def clear_sample_cache(self) -> None:
+        self.clears = getattr(self, "clears", 0) + 1
+        super().clear_sample_cache()
+
+    def clear_count(self) -> int:
+        return getattr(self, "clears", 0)
+
 
 def assert_same_batch(got: Batch, expected: Batch) -> None:
     """Same fields in the same order, equal tensors (dtype and shape included) and equal per-row objects."""
@@ -160,6 +167,20 @@ def test_heavy_fields_travel_once_per_step_and_methods_see_the_full_batch(group,
     assert group.transfers[-1].rows_sent[VISION] == vision_rows
     group.finish_step()
     assert group.run_all(Recorder.cache_entries) == [0, 0]
+
+
+def test_the_workers_are_cleared_only_of_what_a_step_sent(group, samples):
+    """One round trip to clear the caches per step that sent rows (at its end), none for opening a step or for a step
+    that sent nothing."""
+    before = group.run_all(Recorder.clear_count)
+    group.open_step()  # the last step closed by clearing: nothing to clear
+    group.run_split(Recorder.log_probs_like, actor_view(samples))
+    group.finish_step()
+    group.open_step()
+    group.finish_step()  # nothing sent in this step
+    assert [after - earlier for after, earlier in zip(group.run_all(Recorder.clear_count), before)] == [1, 1]
+    assert group.run_all(Recorder.cache_entries) == [0, 0]
+    group.run_all(Recorder.take_received)
 
 
 def test_cache_off_and_outside_a_step_send_everything(group, samples):

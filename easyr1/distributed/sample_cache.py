@@ -12,7 +12,8 @@ processed vision tensors (``multi_modal_inputs``) and token tensors through Ray 
 - fields the method returns unchanged (the prompt's objects that ``generate`` passes through) are not sent back:
   the driver puts its own copy back in their place.
 
-The cache lives for one step: the driver clears both sides when a step starts and when it ends, so validation
+The cache lives for one step: the driver clears both sides when a step starts and when it ends (the workers only
+when its record says it sent them something since the last clear), so validation
 (which runs between steps) neither reads nor fills it, and memory does not grow over steps. Byte counts
 (:func:`payload_bytes`) are what pickling moves: a host tensor counts the elements it shows (``tensor_pickling``;
 a tensor torch pickles itself, its whole storage), an object shared by several rows counts once per message (pickle

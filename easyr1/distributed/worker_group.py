@@ -331,7 +331,8 @@ class WorkerGroup:
         return results, transfer
 
     def open_step(self) -> None:
-        """Start a training step: clear the sample caches (driver record and workers) and the byte counts."""
+        """Start a training step: clear the sample caches (driver record and workers; the workers only if something
+        was sent since the last clear) and the byte counts."""
         self._clear_sample_caches()
         self.step_open = True
         self.bytes_to_workers = self.bytes_from_workers = 0
@@ -348,7 +349,9 @@ class WorkerGroup:
         }
 
     def _clear_sample_caches(self) -> None:
-        if self.router is not None:
+        # A worker's cache holds only what the router recorded sending it: with no record (a step opening right after
+        # the last one closed) there is nothing to clear, and the round trip to every worker is saved.
+        if self.router is not None and self.router.holders:
             self.router.reset()
             self.run_all(Worker.clear_sample_cache)
 
