@@ -154,6 +154,20 @@ def test_an_import_that_fails_in_the_child_is_a_reward_error(tmp_path):
     reward_fn.close()
 
 
+def test_importing_the_reward_file_may_take_longer_than_one_call(tmp_path):
+    """The per-call limit does not bound the child's start (importing the reward file): a file slower to import than
+    the limit still scores, and its calls are limited as before."""
+    path = tmp_path / "slow_import.py"
+    path.write_text(f"import time\ntime.sleep({LIMIT * 1.5})\n" + HANGING_REWARD.format(reward_type="sequential"))
+    reward_fn = TimedRewardFunction(load_reward_function(f"{path}:compute_score"), LIMIT)
+    try:
+        assert reward_fn([sample("abc")])[0]["overall"] == 3.0
+        with pytest.raises(RewardError, match="did not return"):
+            reward_fn([sample("hang")])
+    finally:
+        reward_fn.close()
+
+
 def test_the_local_scorer_closes_its_child(sequential):
     scorer = LocalRewardScorer(sequential)
     assert scorer.score([sample("ok")]).result().timed_out == [False]

@@ -36,8 +36,8 @@ class RewardConfig:
     timeout: float | None = option(
         300.0,
         "seconds one call of the reward function may take (a batch for REWARD_TYPE batch, one sample for "
-        "sequential); the function runs in a child process that is killed past it (null: no limit, called in the "
-        "scorer's own process)",
+        "sequential); the function runs in a child process that is killed past it (its start, importing the file, "
+        "gets at least 60 s) (null: no limit, called in the reward actor's process)",
     )
     timeout_score: float | None = option(
         None,

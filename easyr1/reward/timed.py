@@ -30,6 +30,10 @@ from easyr1.reward.function import RewardFunction, RewardInput, RewardScore, des
 
 TIMEOUT_KEY = "worker.reward.timeout"
 TIMEOUT_SCORE_KEY = "worker.reward.timeout_score"
+# Starting the child and importing the reward file is not a call: a file that imports sympy or math_verify can take
+# several seconds on a busy node, longer than a tight per-call limit (math-verify's own is 5 s), so the start gets
+# at least this long.
+START_LIMIT_FLOOR_S = 60.0
 # The folder that holds the easyr1 package: the child imports easyr1 from where this process did.
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -144,13 +148,15 @@ class TimedRewardFunction:
         if self._child is None:
             self._child = _Child(self.reward_fn)
         if not self._child.loaded:
+            limit = max(self.timeout, START_LIMIT_FLOOR_S)
             try:
-                self._child.reply(self.timeout)
+                self._child.reply(limit)
             except _Timeout:
                 self._child = None
                 raise RewardError(
-                    f"importing the reward file {self.reward_fn.path} took more than {TIMEOUT_KEY}={self.timeout:g} s "
-                    "in the reward process; make its import faster or raise the limit"
+                    f"importing the reward file {self.reward_fn.path} took more than {limit:g} s in the reward "
+                    f"process (the larger of {TIMEOUT_KEY}={self.timeout:g} s and {START_LIMIT_FLOOR_S:g} s); make "
+                    f"its import faster or raise {TIMEOUT_KEY}"
                 ) from None
             except RewardError:
                 self._child.kill()
