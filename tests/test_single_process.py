@@ -56,7 +56,8 @@ def test_one_process_without_ray_gives_a_one_worker_ray_runs_metrics(
     assert [record["step"] for record in in_process] == list(range(1, STEPS + 1))
     assert in_process == on_ray
     assert len({record["actor/pg_loss"] for record in on_ray}) > 1  # the steps differ: the equality says something
-    # Ray's timeline of the run: the workers' calls (split calls within a step go through the sample cache); the
-    # reward function (under its time limit) runs in the driver's child process, so no reward actor's calls
+    # Ray's timeline of the run: the workers' calls (split calls within a step go through the sample cache). The
+    # timeline is the whole cluster's, shared with the session's other tests, so it shows what ran, not what did not
+    # (the reward function runs in the driver's child process here: test_reward_timeout.py checks the scorer chosen)
     names = {event.get("name") for event in json.loads(timeline.read_text())}
-    assert {"init_models", "run_with_sample_cache"} <= names and "score" not in names, names
+    assert {"init_models", "run_with_sample_cache"} <= names, names
