@@ -13,13 +13,20 @@ from typing import Any
 
 import torch
 from tqdm import tqdm
+from transformers import GenerationConfig, LogitsProcessorList
 
 from easyr1.algorithms.logits import BANNED_TOKEN_BIAS
 from easyr1.engines.base import SamplingSettings, StopRule, is_active, pack_continued, partial_of, stop_position
 from easyr1.engines.registry import EngineSetup, EngineTraits, register_engine
+from easyr1.engines.seeded_sampling import SeededSampler
 from easyr1.models.families import family_of
 from easyr1.models.rope import extend_position_ids
-from easyr1.protocol import Batch, merge_vision_inputs
+from easyr1.protocol import Batch, merge_vision_inputs, same_vision_inputs
+
+
+# the tensors that make a row's prompt: rows equal in all of them (and in vision inputs and partial response) are one
+# generate's rows
+INPUT_KEYS = ("input_ids", "attention_mask", "position_ids")
 
 
 class HFEngine:
@@ -43,6 +50,13 @@ class HFEngine:
         from easyr1.models.loading import load_model
 
         self.model = load_model(model_path, dtype, override_config=override_config).to(device).eval()
+        # The checkpoint's sampling defaults (generation_config.json: a repetition penalty, top-k, ...) are not the
+        # rollout's; generate would apply them to whatever it is not told. The engine samples what worker.rollout
+        # says and nothing else, as vLLM does with explicit sampling parameters: only the token ids are kept.
+        loaded = self.model.generation_config
+        self.model.generation_config = GenerationConfig(
+            bos_token_id=loaded.bos_token_id, eos_token_id=loaded.eos_token_id, pad_token_id=loaded.pad_token_id
+        )
         self.show_progress = show_progress
         self.pad_token_id = pad_token_id
         self.eos_token_ids = eos_token_ids
@@ -52,19 +66,25 @@ class HFEngine:
     def generate(
         self, prompts: Batch, sampling: SamplingSettings, seeds: list[int], stop: StopRule | None = None
     ) -> Batch:
-        """Generate row by row so that each row's sampling depends only on its own seed.
+        """Sample each row from its own seed: a row's tokens depend on its inputs and seed only, however the rows
+        are batched. Rows with the same inputs (a prompt's samples, side by side as the driver repeats them) share
+        one ``generate``; :class:`~easyr1.engines.seeded_sampling.SeededSampler` draws each row's tokens.
 
         With ``stop``, every row is generated to its end first and then cut where a lockstep decoder would have
         stopped (:func:`~easyr1.engines.base.stop_position`): the tokens past that point are discarded, so a row's
         kept tokens are those it would have had, at the cost of decoding the discarded ones (this engine serves
         debugging and CPU runs; vLLM stops for real).
         """
-        response_ids, response_log_probs, ended = [], [], []
-        for row in tqdm(range(len(prompts)), desc="generate", leave=False, disable=not self.show_progress):
-            ids, log_probs, row_ended = self._generate_one(prompts, row, sampling, seeds[row])
-            response_ids.append(ids)
-            response_log_probs.append(log_probs)
-            ended.append(row_ended)
+        response_ids: list[list[int]] = [[] for _ in range(len(prompts))]
+        response_log_probs: list[list[float]] = [[] for _ in range(len(prompts))]
+        ended = [False] * len(prompts)
+        groups = self.input_groups(prompts)
+        for first, count in tqdm(groups, desc="generate", leave=False, disable=not self.show_progress):
+            rows = range(first, first + count)
+            for row, ids, log_probs, row_ended in zip(
+                rows, *self._generate_group(prompts, first, count, sampling, seeds[first : first + count])
+            ):
+                response_ids[row], response_log_probs[row], ended[row] = ids, log_probs, row_ended
         if stop is not None:
             uids = [str(uid) for uid in prompts["uid"]]
             must = prompts["must_finish"].tolist() if "must_finish" in prompts else [False] * len(prompts)
@@ -82,15 +102,36 @@ class HFEngine:
                     ended[row] = False
         return pack_continued(prompts, response_ids, response_log_probs, ended, sampling.max_tokens, self.pad_token_id)
 
-    def _generate_one(
-        self, prompts: Batch, row: int, sampling: SamplingSettings, seed: int
-    ) -> tuple[list[int], list[float], bool]:
-        """Row ``row``'s new tokens, their log-probs, and whether it ended (EOS, or its token budget used)."""
-        partial_ids, _ = partial_of(prompts, row)
+    @staticmethod
+    def input_groups(prompts: Batch) -> list[tuple[int, int]]:
+        """Runs of consecutive rows with the same inputs, as (first row, rows): the same prompt tokens, positions,
+        partial response and vision inputs (the same objects, or equal tensors), all to be generated. Each run is
+        one ``generate`` of as many rows."""
+        vision = prompts["multi_modal_inputs"] if "multi_modal_inputs" in prompts else None
+        groups: list[tuple[int, int]] = []
+        for row in range(len(prompts)):
+            if groups and is_active(prompts, row) and is_active(prompts, groups[-1][0]):
+                first, count = groups[-1]
+                if (
+                    all(torch.equal(prompts[key][row], prompts[key][first]) for key in INPUT_KEYS)
+                    and partial_of(prompts, row)[0] == partial_of(prompts, first)[0]
+                    and (vision is None or same_vision_inputs(vision[row], vision[first]))
+                ):
+                    groups[-1] = (first, count + 1)
+                    continue
+            groups.append((row, 1))
+        return groups
+
+    def _generate_group(
+        self, prompts: Batch, first: int, count: int, sampling: SamplingSettings, seeds: list[int]
+    ) -> tuple[list[list[int]], list[list[float]], list[bool]]:
+        """The new tokens, their log-probs, and whether each ended (EOS, or its token budget used), for the
+        ``count`` rows from ``first``, whose inputs are the same."""
+        partial_ids, _ = partial_of(prompts, first)
         budget = sampling.max_tokens - len(partial_ids)
-        if not is_active(prompts, row) or budget <= 0:
-            return [], [], budget <= 0
-        prompt = prompts.index([row])
+        if not is_active(prompts, first) or budget <= 0:
+            return [[]] * count, [[]] * count, [budget <= 0] * count
+        prompt = prompts.index([first])
         mask = prompt["attention_mask"][0].bool()
         input_ids = prompt["input_ids"][:, mask]
         # The dataset's positions, which the actor scores with: left to itself, transformers' generate would place
@@ -101,42 +142,47 @@ class HFEngine:
         if partial_ids:  # the partial response becomes part of the prompt; the model sees one sequence
             input_ids = torch.cat([input_ids, torch.tensor([partial_ids], dtype=input_ids.dtype)], dim=-1)
             positions = extend_position_ids(positions, len(partial_ids))
-        if positions.dim() == 3:  # (1, 4, L) -> (4, 1, L), the layout the model's forward takes (as the actor's)
-            positions = positions.transpose(0, 1).contiguous()
-        input_ids = input_ids.to(self.device)
-        vision = merge_vision_inputs(prompt["multi_modal_inputs"]) if "multi_modal_inputs" in prompt else {}
+        if positions.dim() == 3:  # (1, 4, L) -> (4, rows, L), the layout the model's forward takes (as the actor's)
+            positions = positions.transpose(0, 1).expand(-1, count, -1)
+        else:
+            positions = positions.expand(count, -1)
+        input_ids = input_ids.expand(count, -1).to(self.device)
+        # each row's own copy of the vision inputs, as a batch of count rows carries them
+        vision = {}
+        if "multi_modal_inputs" in prompt:
+            vision = merge_vision_inputs(list(prompt["multi_modal_inputs"]) * count)
         # the prompt's token types (Gemma 3's bidirectional image blocks), as the trainer's forward computes them
         vision.update(family_of(self.model.config).token_type_inputs(input_ids, self.model.config))
-        generator_state = torch.random.get_rng_state()
-        torch.manual_seed(seed)
-        try:
-            output = self.model.generate(
-                input_ids=input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                position_ids=positions.to(self.device),
-                **{key: value.to(self.device) for key, value in vision.items()},
-                do_sample=not sampling.greedy,
-                temperature=sampling.temperature if not sampling.greedy else None,
-                top_p=sampling.top_p if not sampling.greedy else None,
-                top_k=(sampling.top_k if sampling.top_k > 0 else None) if not sampling.greedy else None,
-                max_new_tokens=budget,
-                eos_token_id=None if sampling.ignore_eos else self.eos_token_ids,
-                pad_token_id=self.pad_token_id,
-                sequence_bias=self.sequence_bias,
-                output_scores=True,
-                return_dict_in_generate=True,
+        sampler = SeededSampler(seeds, sampling)
+        output = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            position_ids=positions.contiguous().to(self.device),
+            **{key: value.to(self.device) for key, value in vision.items()},
+            do_sample=False,  # the sampler chooses every token; generate takes the one it leaves
+            logits_processor=LogitsProcessorList([sampler]),
+            max_new_tokens=budget,
+            eos_token_id=None if sampling.ignore_eos else self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            sequence_bias=self.sequence_bias,
+            return_dict_in_generate=True,
+        )
+        all_ids, all_log_probs, ended = [], [], []
+        for row in range(count):
+            new_ids = output.sequences[row, input_ids.shape[1] :].tolist()
+            log_probs = sampler.log_probs(row)
+            # generate pads a row after its EOS while others go on; keep the response up to and including its EOS
+            end = next(
+                (i for i, token in enumerate(new_ids) if token in self.eos_token_ids and not sampling.ignore_eos), None
             )
-        finally:
-            torch.random.set_rng_state(generator_state)
-        new_ids = output.sequences[0, input_ids.shape[1] :].tolist()
-        log_probs = []
-        for step, token in enumerate(new_ids):
-            log_probs.append(torch.log_softmax(output.scores[step][0].float(), dim=-1)[token].item())
-        # generate pads after EOS; keep the response up to and including the first EOS
-        for end, token in enumerate(new_ids):
-            if token in self.eos_token_ids and not sampling.ignore_eos:
-                return new_ids[: end + 1], log_probs[: end + 1], True
-        return new_ids, log_probs, len(new_ids) >= budget
+            if end is not None:
+                new_ids, log_probs, row_ended = new_ids[: end + 1], log_probs[: end + 1], True
+            else:
+                row_ended = len(new_ids) >= budget
+            all_ids.append(new_ids)
+            all_log_probs.append(log_probs[: len(new_ids)])
+            ended.append(row_ended)
+        return all_ids, all_log_probs, ended
 
     @torch.no_grad()
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
