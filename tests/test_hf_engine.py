@@ -73,7 +73,7 @@ def test_rows_differing_in_their_partial_response_or_activity_are_generated_apar
 def test_the_checkpoints_sampling_defaults_leave_the_samples_unchanged(
     tiny_qwen2_5_vl_dir, tiny_dataset_dir, tmp_path
 ):
-    """A checkpoint's generation_config.json may carry sampling defaults (Qwen2.5-VL-Instruct's: a repetition
+    """A checkpoint's generation_config.json may carry sampling defaults (Qwen2-VL-Instruct's: a repetition
     penalty of 1.05, top-k 1); transformers' generate applies them unless told otherwise. The rollout samples what
     worker.rollout says, as vLLM does, so a checkpoint with other defaults gives the same tokens and log-probs."""
     opinionated = tmp_path / "model"

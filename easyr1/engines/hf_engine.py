@@ -2,8 +2,9 @@
 
 It keeps its own unsharded copy of the model on each worker, like vLLM does, so that ranks can stop
 generating at different lengths without waiting for each other; the actor's weights are copied in by
-:meth:`HFEngine.sync_weights`. Slower than vLLM on GPU, about as fast on CPU at tiny sizes, and
-useful where vLLM is not installed.
+:meth:`HFEngine.sync_weights`. A prompt's samples share one ``generate``, different prompts do not (no padding, and
+no cache larger than one prompt's samples need), so it is slower than vLLM (bench/README.md, the peer benchmark);
+it serves where vLLM is not installed or does not run the model.
 """
 
 from __future__ import annotations
