@@ -12,14 +12,21 @@ from helpers import prompt_batch
 
 from easyr1.engines.base import SamplingSettings
 from easyr1.engines.hf_engine import HFEngine
+from easyr1.protocol import Batch
 
 
 SAMPLING = SamplingSettings(temperature=1.0, max_tokens=12, ignore_eos=True)
 
 
-def _engine(model_dir) -> HFEngine:
+def _engine(model_dir, rows_per_generate: int = 16) -> HFEngine:
     return HFEngine(
-        str(model_dir), dtype=torch.float32, pad_token_id=0, eos_token_ids=[], banned_token_ids=[], device="cpu"
+        str(model_dir),
+        dtype=torch.float32,
+        pad_token_id=0,
+        eos_token_ids=[],
+        banned_token_ids=[],
+        device="cpu",
+        rows_per_generate=rows_per_generate,
     )
 
 
@@ -29,14 +36,9 @@ def _objects(values: list) -> np.ndarray:
     return array
 
 
-def test_a_prompts_samples_share_one_generate_and_each_row_is_what_it_would_be_alone(
-    tiny_qwen2_5_vl_dir, tiny_dataset_dir
-):
-    engine = _engine(tiny_qwen2_5_vl_dir)
-    prompts = prompt_batch(tiny_qwen2_5_vl_dir, tiny_dataset_dir, 3).repeat(4, interleave=True)
-    seeds = list(range(100, 112))
-    assert engine.input_groups(prompts) == [(0, 4), (4, 4), (8, 4)]
-    calls = []
+def _counted(engine: HFEngine) -> list[int]:
+    """The rows of each ``generate`` the engine makes from now on."""
+    calls: list[int] = []
     generate = engine.model.generate
 
     def counted(*args, **kwargs):
@@ -44,30 +46,47 @@ def test_a_prompts_samples_share_one_generate_and_each_row_is_what_it_would_be_a
         return generate(*args, **kwargs)
 
     engine.model.generate = counted
+    return calls
+
+
+def test_rows_share_generates_of_a_bounded_size_and_each_is_what_it_would_be_alone(
+    tiny_qwen2_5_vl_dir, tiny_dataset_dir
+):
+    engine = _engine(tiny_qwen2_5_vl_dir, rows_per_generate=5)
+    # images of two sizes: prompts of two lengths, left-padded to one another in a generate
+    small, large = (prompt_batch(tiny_qwen2_5_vl_dir, tiny_dataset_dir, 2, pixels=pixels) for pixels in (3136, 12544))
+    prompts = Batch.concat([small, large]).repeat(3, interleave=True)
+    lengths = prompts["attention_mask"].sum(dim=-1)
+    assert len(set(lengths.tolist())) > 1  # the rows are left-padded to one another
+    seeds = list(range(100, 112))
+    calls = _counted(engine)
     together = engine.generate(prompts, SAMPLING, seeds)
-    assert calls == [4, 4, 4]
+    assert calls == [5, 5, 2]
     alone = [engine.generate(prompts.index([row]), SAMPLING, [seeds[row]]) for row in range(len(prompts))]
     assert torch.equal(torch.cat([one["responses"] for one in alone]), together["responses"])
     torch.testing.assert_close(
         torch.cat([one["rollout_log_probs"] for one in alone]), together["rollout_log_probs"], rtol=0, atol=1e-5
     )
     # a prompt's samples differ from each other: each row drew from its own seed
-    assert len({tuple(row) for row in together["responses"][:4].tolist()}) == 4
+    assert len({tuple(row) for row in together["responses"][:3].tolist()}) == 3
 
 
-def test_rows_differing_in_their_partial_response_or_activity_are_generated_apart(
-    tiny_qwen2_5_vl_dir, tiny_dataset_dir
-):
-    prompts = prompt_batch(tiny_qwen2_5_vl_dir, tiny_dataset_dir, 2).repeat(3, interleave=True)
-    assert HFEngine.input_groups(prompts) == [(0, 3), (3, 3)]
-    continued = prompts.index(list(range(6)))
-    continued["partial_ids"] = _objects([[], [], [7, 8], [], [], []])
-    continued["partial_log_probs"] = _objects([[], [], [-1.0, -1.0], [], [], []])
-    continued["active"] = torch.tensor([True, True, True, True, False, True])
-    assert HFEngine.input_groups(continued) == [(0, 2), (2, 1), (3, 1), (4, 1), (5, 1)]
-    # rows of different prompts are never one generate, even side by side
-    two = prompt_batch(tiny_qwen2_5_vl_dir, tiny_dataset_dir, 2)
-    assert HFEngine.input_groups(two) == [(0, 1), (1, 1)]
+def test_rows_continuing_a_partial_response_share_a_generate_with_fresh_rows(tiny_qwen2_5_vl_dir, tiny_dataset_dir):
+    engine = _engine(tiny_qwen2_5_vl_dir)
+    prompts = prompt_batch(tiny_qwen2_5_vl_dir, tiny_dataset_dir, 2).repeat(2, interleave=True)
+    prompts["partial_ids"] = _objects([[], [7, 8, 9], [], [5]])
+    prompts["partial_log_probs"] = _objects([[], [-1.0, -1.0, -1.0], [], [-1.0]])
+    prompts["active"] = torch.tensor([True, True, False, True])
+    seeds = [1, 2, 3, 4]
+    calls = _counted(engine)
+    together = engine.generate(prompts, SAMPLING, seeds)
+    assert calls == [3]  # the inactive row is not generated
+    assert together["response_mask"][2].sum() == 0
+    for row in (0, 1, 3):
+        alone = engine.generate(prompts.index([row]), SAMPLING, [seeds[row]])
+        assert torch.equal(alone["responses"][0], together["responses"][row])
+    # each row used its own budget: 12 tokens in all, the partial ones included
+    assert together["response_mask"][[0, 1, 3]].sum(dim=-1).tolist() == [12, 12, 12]
 
 
 def test_the_checkpoints_sampling_defaults_leave_the_samples_unchanged(

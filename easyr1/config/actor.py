@@ -147,7 +147,9 @@ class ActorConfig:
     )
     global_batch_size: int = option(256, "prompts per policy update; an update uses global_batch_size * n samples")
     micro_batch_size_per_device_for_update: int = option(4, "samples per forward/backward pass in the update")
-    micro_batch_size_per_device_for_experience: int = option(16, "samples per forward pass computing log-probs")
+    micro_batch_size_per_device_for_experience: int = option(
+        16, "samples per forward pass computing log-probs; also the rows of one generate of the hf engine"
+    )
     max_grad_norm: float = option(1.0, "gradient norm clipping threshold")
     clip_ratio_low: float = option(0.2, "PPO clip range below 1 (ratio >= 1 - clip_ratio_low)")
     clip_ratio_high: float = option(0.3, "PPO clip range above 1 (ratio <= 1 + clip_ratio_high; DAPO clip-higher)")

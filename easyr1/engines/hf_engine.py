@@ -2,9 +2,10 @@
 
 It keeps its own unsharded copy of the model on each worker, like vLLM does, so that ranks can stop
 generating at different lengths without waiting for each other; the actor's weights are copied in by
-:meth:`HFEngine.sync_weights`. A prompt's samples share one ``generate``, different prompts do not (no padding, and
-no cache larger than one prompt's samples need), so it is slower than vLLM (bench/README.md, the peer benchmark);
-it serves where vLLM is not installed or does not run the model.
+:meth:`HFEngine.sync_weights`. Rows are generated in batches of
+``worker.actor.micro_batch_size_per_device_for_experience`` (the rows a log-prob forward takes at once, so the user's
+bound on one pass's memory), left-padded to the longest. Slower than vLLM on GPU; it serves where vLLM is not
+installed or does not run the model.
 """
 
 from __future__ import annotations
@@ -22,12 +23,7 @@ from easyr1.engines.registry import EngineSetup, EngineTraits, register_engine
 from easyr1.engines.seeded_sampling import SeededSampler
 from easyr1.models.families import family_of
 from easyr1.models.rope import extend_position_ids
-from easyr1.protocol import Batch, merge_vision_inputs, same_vision_inputs
-
-
-# the tensors that make a row's prompt: rows equal in all of them (and in vision inputs and partial response) are one
-# generate's rows
-INPUT_KEYS = ("input_ids", "attention_mask", "position_ids")
+from easyr1.protocol import Batch, merge_vision_inputs
 
 
 class HFEngine:
@@ -44,8 +40,10 @@ class HFEngine:
         device: str,
         override_config: dict[str, Any] | None = None,
         show_progress: bool = False,
+        rows_per_generate: int = 16,
     ) -> None:
         self.device = device
+        self.rows_per_generate = rows_per_generate
         self.weights_discarded = False  # the private copy is never dropped, so it needs a sync only after updates
         # the actor's architecture settings (model.override_config), so the copy computes what the actor computes
         from easyr1.models.loading import load_model
@@ -68,8 +66,8 @@ class HFEngine:
         self, prompts: Batch, sampling: SamplingSettings, seeds: list[int], stop: StopRule | None = None
     ) -> Batch:
         """Sample each row from its own seed: a row's tokens depend on its inputs and seed only, however the rows
-        are batched. Rows with the same inputs (a prompt's samples, side by side as the driver repeats them) share
-        one ``generate``; :class:`~easyr1.engines.seeded_sampling.SeededSampler` draws each row's tokens.
+        are batched. Up to ``rows_per_generate`` rows at a time share one ``generate``, left-padded to the longest;
+        :class:`~easyr1.engines.seeded_sampling.SeededSampler` draws each row's tokens.
 
         With ``stop``, every row is generated to its end first and then cut where a lockstep decoder would have
         stopped (:func:`~easyr1.engines.base.stop_position`): the tokens past that point are discarded, so a row's
@@ -79,11 +77,18 @@ class HFEngine:
         response_ids: list[list[int]] = [[] for _ in range(len(prompts))]
         response_log_probs: list[list[float]] = [[] for _ in range(len(prompts))]
         ended = [False] * len(prompts)
-        groups = self.input_groups(prompts)
-        for first, count in tqdm(groups, desc="generate", leave=False, disable=not self.show_progress):
-            rows = range(first, first + count)
+        to_generate = []
+        for row in range(len(prompts)):
+            budget = sampling.max_tokens - len(partial_of(prompts, row)[0])
+            if is_active(prompts, row) and budget > 0:
+                to_generate.append(row)
+            else:
+                ended[row] = budget <= 0
+        size = self.rows_per_generate
+        batches = [to_generate[start : start + size] for start in range(0, len(to_generate), size)]
+        for rows in tqdm(batches, desc="generate", leave=False, disable=not self.show_progress):
             for row, ids, log_probs, row_ended in zip(
-                rows, *self._generate_group(prompts, first, count, sampling, seeds[first : first + count])
+                rows, *self._generate_rows(prompts, rows, sampling, [seeds[row] for row in rows])
             ):
                 response_ids[row], response_log_probs[row], ended[row] = ids, log_probs, row_ended
         if stop is not None:
@@ -104,80 +109,71 @@ class HFEngine:
         return pack_continued(prompts, response_ids, response_log_probs, ended, sampling.max_tokens, self.pad_token_id)
 
     @staticmethod
-    def input_groups(prompts: Batch) -> list[tuple[int, int]]:
-        """Runs of consecutive rows with the same inputs, as (first row, rows): the same prompt tokens, positions,
-        partial response and vision inputs (the same objects, or equal tensors), all to be generated. Each run is
-        one ``generate`` of as many rows."""
-        vision = prompts["multi_modal_inputs"] if "multi_modal_inputs" in prompts else None
-        groups: list[tuple[int, int]] = []
-        for row in range(len(prompts)):
-            if groups and is_active(prompts, row) and is_active(prompts, groups[-1][0]):
-                first, count = groups[-1]
-                if (
-                    all(torch.equal(prompts[key][row], prompts[key][first]) for key in INPUT_KEYS)
-                    and partial_of(prompts, row)[0] == partial_of(prompts, first)[0]
-                    and (vision is None or same_vision_inputs(vision[row], vision[first]))
-                ):
-                    groups[-1] = (first, count + 1)
-                    continue
-            groups.append((row, 1))
-        return groups
-
-    def _generate_group(
-        self, prompts: Batch, first: int, count: int, sampling: SamplingSettings, seeds: list[int]
-    ) -> tuple[list[list[int]], list[list[float]], list[bool]]:
-        """The new tokens, their log-probs, and whether each ended (EOS, or its token budget used), for the
-        ``count`` rows from ``first``, whose inputs are the same."""
-        partial_ids, _ = partial_of(prompts, first)
-        budget = sampling.max_tokens - len(partial_ids)
-        if not is_active(prompts, first) or budget <= 0:
-            return [[]] * count, [[]] * count, [budget <= 0] * count
-        prompt = prompts.index([first])
-        mask = prompt["attention_mask"][0].bool()
-        input_ids = prompt["input_ids"][:, mask]
+    def _row_inputs(prompts: Batch, row: int) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """Row ``row``'s input ids (L,), positions (..., L) and vision inputs: its prompt without padding, then the
+        partial response it continues, if any."""
+        partial_ids, _ = partial_of(prompts, row)
+        mask = prompts["attention_mask"][row].bool()
+        input_ids = prompts["input_ids"][row][mask]
         # The dataset's positions, which the actor scores with: left to itself, transformers' generate would place
         # the vision tokens by its own rule (5.19's Qwen-VL models need mm_token_type_ids for m-rope, which the
         # prompts do not carry, and give plain text positions without them). Each new token continues after the
-        # last position in every row, as extend_position_ids does after a prompt that ends in text.
-        positions = prompt["position_ids"][..., mask]
+        # last position in every row (generate adds one to each row's last), as extend_position_ids does after a
+        # prompt that ends in text.
+        positions = prompts["position_ids"][row : row + 1][..., mask]
         if partial_ids:  # the partial response becomes part of the prompt; the model sees one sequence
-            input_ids = torch.cat([input_ids, torch.tensor([partial_ids], dtype=input_ids.dtype)], dim=-1)
+            input_ids = torch.cat([input_ids, torch.tensor(partial_ids, dtype=input_ids.dtype)])
             positions = extend_position_ids(positions, len(partial_ids))
-        if positions.dim() == 3:  # (1, 4, L) -> (4, rows, L), the layout the model's forward takes (as the actor's)
-            positions = positions.transpose(0, 1).expand(-1, count, -1)
-        else:
-            positions = positions.expand(count, -1)
-        input_ids = input_ids.expand(count, -1).to(self.device)
-        # each row's own copy of the vision inputs, as a batch of count rows carries them
-        vision = {}
-        if "multi_modal_inputs" in prompt:
-            vision = merge_vision_inputs(list(prompt["multi_modal_inputs"]) * count)
+        vision = prompts["multi_modal_inputs"][row] if "multi_modal_inputs" in prompts else None
+        return input_ids, positions[0], vision or {}
+
+    def _generate_rows(
+        self, prompts: Batch, rows: list[int], sampling: SamplingSettings, seeds: list[int]
+    ) -> tuple[list[list[int]], list[list[float]], list[bool]]:
+        """The new tokens, their log-probs, and whether each ended (EOS, or its token budget used), for ``rows``
+        in one ``generate``: left-padded to the longest row, each row cut at its own token budget."""
+        inputs = [self._row_inputs(prompts, row) for row in rows]
+        budgets = [sampling.max_tokens - len(partial_of(prompts, row)[0]) for row in rows]
+        length = max(len(ids) for ids, _, _ in inputs)
+        count = len(rows)
+        input_ids = torch.full((count, length), self.pad_token_id, dtype=inputs[0][0].dtype)
+        attention_mask = torch.zeros((count, length), dtype=torch.long)
+        positions = torch.zeros((count, *inputs[0][1].shape[:-1], length), dtype=inputs[0][1].dtype)
+        for index, (ids, row_positions, _) in enumerate(inputs):
+            input_ids[index, length - len(ids) :] = ids
+            attention_mask[index, length - len(ids) :] = 1
+            positions[index, ..., length - len(ids) :] = row_positions
+        if positions.dim() == 3:  # (rows, 4, L) -> (4, rows, L), the layout the model's forward takes (as the actor's)
+            positions = positions.transpose(0, 1)
+        input_ids = input_ids.to(self.device)
+        # the rows' vision inputs in row order, as the model matches them to the vision tokens in order
+        vision = merge_vision_inputs([row_vision for _, _, row_vision in inputs])
         # the prompt's token types (Gemma 3's bidirectional image blocks), as the trainer's forward computes them
         vision.update(family_of(self.model.config).token_type_inputs(input_ids, self.model.config))
         sampler = SeededSampler(seeds, sampling)
         output = self.model.generate(
             input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
+            attention_mask=attention_mask.to(self.device),
             position_ids=positions.contiguous().to(self.device),
             **{key: value.to(self.device) for key, value in vision.items()},
             do_sample=False,  # the sampler chooses every token; generate takes the one it leaves
             logits_processor=LogitsProcessorList([sampler]),
-            max_new_tokens=budget,
+            max_new_tokens=max(budgets),
             eos_token_id=None if sampling.ignore_eos else self.eos_token_ids,
             pad_token_id=self.pad_token_id,
             sequence_bias=self.sequence_bias,
             return_dict_in_generate=True,
         )
         all_ids, all_log_probs, ended = [], [], []
-        for row in range(count):
-            new_ids = output.sequences[row, input_ids.shape[1] :].tolist()
-            log_probs = sampler.log_probs(row)
+        for index, budget in enumerate(budgets):
+            new_ids = output.sequences[index, length : length + budget].tolist()
+            log_probs = sampler.log_probs(index)
             # generate pads a row after its EOS while others go on; keep the response up to and including its EOS
             end = next(
                 (i for i, token in enumerate(new_ids) if token in self.eos_token_ids and not sampling.ignore_eos), None
             )
             if end is not None:
-                new_ids, log_probs, row_ended = new_ids[: end + 1], log_probs[: end + 1], True
+                new_ids, row_ended = new_ids[: end + 1], True
             else:
                 row_ended = len(new_ids) >= budget
             all_ids.append(new_ids)
@@ -222,4 +218,6 @@ def build_hf_engine(setup: EngineSetup) -> HFEngine:
         device=setup.device,
         override_config=model.override_config,
         show_progress=setup.show_progress,
+        # as many rows as a log-prob forward takes at once: the user's bound on one pass's memory
+        rows_per_generate=setup.config.worker.actor.micro_batch_size_per_device_for_experience,
     )
