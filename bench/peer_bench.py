@@ -51,7 +51,16 @@ EASYR1_TRAINERS: dict[str, tuple[int, list[str]]] = {
     "easyr1-1w-bf16": (1, ["worker.actor.fsdp.mp_param_dtype=bf16", "worker.rollout.dtype=bfloat16"]),
 }
 TRAINERS = (*EASYR1_TRAINERS, "trl-hf", "trl-vllm", "trl-plain")
-DEFAULT_TRAINERS = ("easyr1-1w", "easyr1-2w", "easyr1-1p", "easyr1-1w-bf16", "trl-hf", "trl-vllm", "trl-plain")
+DEFAULT_TRAINERS = (
+    "easyr1-1w",
+    "easyr1-2w",
+    "easyr1-1p",
+    "easyr1-1p-hf",
+    "easyr1-1w-bf16",
+    "trl-hf",
+    "trl-vllm",
+    "trl-plain",
+)
 DISTRIBUTED_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 # easyr1's side of the work, in one place: the CPU demo config with these overrides. Change them here (or add more
