@@ -113,6 +113,27 @@ def test_bf16_moments_lora_frozen_tower_reference_and_critic(tiny_qwen2_5_vl_dir
     assert gae.flops.total > with_ref.flops.total > no_kl.flops.total  # a value pass + update; a reference pass
 
 
+def test_the_hf_engines_cache_holds_one_generates_rows(tiny_qwen2_5_vl_dir, tiny_dataset_dir):
+    """The HF engine generates its rows in batches of the experience micro-batch: its cache is planned for one
+    batch's full sequences, hand-computed here (2 attention layers, 2 KV heads of 32, fp32, max_model_len tokens)."""
+    plans, config = {}, None
+    for micro_batch in (4, 16, 128):
+        config = cpu_config(
+            tiny_qwen2_5_vl_dir,
+            tiny_dataset_dir,
+            "worker.rollout.name=hf",
+            f"worker.actor.micro_batch_size_per_device_for_experience={micro_batch}",
+        )
+        plans[micro_batch] = plan_for(config)
+    text = plans[4].size.text
+    assert (text.attention_layers, text.kv_heads, text.head_dim) == (2, 2, 32)
+    full_sequence = text.attention_layers * 2 * text.kv_heads * text.head_dim * 4 * config.worker.rollout.max_model_len
+    own_rows = config.data.rollout_batch_size * config.worker.rollout.n // config.trainer.n_gpus_per_node
+    assert 4 < own_rows < 128
+    for micro_batch, plan in plans.items():
+        assert plan.engine.kv_bytes == min(micro_batch, own_rows) * full_sequence, micro_batch
+
+
 def test_gpu_dtypes_offload_and_sleep_move_memory(tiny_qwen2_5_vl_dir, tiny_dataset_dir):
     h100 = gpu_device("H100")
     gpu = ("trainer.device=cuda", "trainer.n_gpus_per_node=2", "algorithm.disable_kl=false")

@@ -5,7 +5,7 @@ model at ``worker.rollout.dtype``), its non-KV overhead (:data:`VLLM_GPU_OVERHEA
 gets the rest; the engine sleeps (level 2: weights and cache released) outside generation. On CPU vLLM's cache is
 sized for the work (:func:`easyr1.engines.vllm_engine.cpu_kv_cache_bytes`, or
 ``worker.rollout.cpu_kv_cache_gb``) and nothing is released between rollouts. The HF engine keeps an unsharded
-copy of the model and a KV cache that grows with the rows it generates.
+copy of the model and a KV cache for the rows of one ``generate`` (at most the experience micro-batch).
 """
 
 from __future__ import annotations
@@ -76,10 +76,12 @@ def plan_engine(config: Any, size: ModelSize, dtype: torch.dtype, device_kind: s
     per_sequence = text.attention_layers * 2 * kv_heads * text.head_dim * element * length + linear_state
     rows = -(-prompts * rollout.n // world) * tp
     if rollout.name == "hf":
-        # an unsharded copy per worker, and a cache for its own rows only (no tensor parallelism)
+        # an unsharded copy per worker (no tensor parallelism), and a cache for one generate's rows: the engine runs
+        # its rows in batches of the experience micro-batch (engines/hf_engine.py)
         own_rows = -(-prompts * rollout.n // world)
+        batch_rows = min(own_rows, config.worker.actor.micro_batch_size_per_device_for_experience)
         full_sequence = text.attention_layers * 2 * text.kv_heads * text.head_dim * element * length + linear_state
-        return EnginePlan(dtype, size.total * element, own_rows * full_sequence, 0, full_sequence, own_rows, False)
+        return EnginePlan(dtype, size.total * element, batch_rows * full_sequence, 0, full_sequence, batch_rows, False)
     weights = size.total * element // tp
     if device_kind == "cuda":
         claimed = int(rollout.gpu_memory_utilization * device_memory)
