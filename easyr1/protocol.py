@@ -39,26 +39,6 @@ def merge_vision_inputs(rows: Any) -> dict[str, torch.Tensor]:
     return {key: torch.cat(values, dim=0) for key, values in merged.items()}
 
 
-def same_vision_inputs(first: dict[str, torch.Tensor] | None, second: dict[str, torch.Tensor] | None) -> bool:
-    """Whether two rows' processor outputs are the same (no vision inputs counts as an empty dict)."""
-    # The n samples of a prompt hold the very same objects (a batch repeats a row by reference, and one pickled
-    # message keeps them shared), so identity settles most pairs without comparing pixels.
-    if first is second:
-        return True
-    first, second = first or {}, second or {}
-    if first.keys() != second.keys():
-        return False
-    return all(
-        first[key] is second[key]
-        or (
-            first[key].shape == second[key].shape
-            and first[key].dtype == second[key].dtype
-            and torch.equal(first[key], second[key])
-        )
-        for key in first
-    )
-
-
 def _object_array(values: Sequence[Any]) -> np.ndarray:
     """Build a 1-d object array without numpy trying to broadcast nested lists."""
     array = np.empty(len(values), dtype=object)

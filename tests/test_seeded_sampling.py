@@ -40,7 +40,7 @@ def draw(seeds: list[int], sampling: SamplingSettings, scores: torch.Tensor = SC
     batch = scores.expand(len(seeds), -1).clone()
     returned = sampler(torch.zeros(len(seeds), 1, dtype=torch.long), batch)
     tokens = returned.argmax(dim=-1)
-    return tokens, torch.tensor([sampler.log_probs(row)[0] for row in range(len(seeds))]), returned
+    return tokens, torch.tensor([row[0] for row in sampler.log_probs()]), returned
 
 
 def test_draws_follow_the_warped_distribution_and_log_probs_are_its_own():
@@ -72,8 +72,7 @@ def test_a_rows_tokens_depend_on_its_seed_alone():
             torch.cat([one(ids[:1], scores[row : row + 1].clone()).argmax(-1) for row, one in enumerate(alone)])
         )
     assert torch.equal(torch.stack(together_tokens), torch.stack(alone_tokens))
-    for row, one in enumerate(alone):
-        assert sampler.log_probs(row) == one.log_probs(0)
+    assert sampler.log_probs() == [one.log_probs()[0] for one in alone]
     # other seeds, other tokens: the equality is not one of constant draws
     other = SeededSampler([21, 22, 23], sampling)
     generator = torch.Generator().manual_seed(0)

@@ -77,19 +77,20 @@ class HFEngine:
         response_ids: list[list[int]] = [[] for _ in range(len(prompts))]
         response_log_probs: list[list[float]] = [[] for _ in range(len(prompts))]
         ended = [False] * len(prompts)
+        budgets = [sampling.max_tokens - len(partial_of(prompts, row)[0]) for row in range(len(prompts))]
         to_generate = []
         for row in range(len(prompts)):
-            budget = sampling.max_tokens - len(partial_of(prompts, row)[0])
-            if is_active(prompts, row) and budget > 0:
+            if is_active(prompts, row) and budgets[row] > 0:
                 to_generate.append(row)
             else:
-                ended[row] = budget <= 0
+                ended[row] = budgets[row] <= 0
         size = self.rows_per_generate
         batches = [to_generate[start : start + size] for start in range(0, len(to_generate), size)]
         for rows in tqdm(batches, desc="generate", leave=False, disable=not self.show_progress):
-            for row, ids, log_probs, row_ended in zip(
-                rows, *self._generate_rows(prompts, rows, sampling, [seeds[row] for row in rows])
-            ):
+            generated = self._generate_rows(
+                prompts, rows, sampling, [seeds[row] for row in rows], [budgets[row] for row in rows]
+            )
+            for row, ids, log_probs, row_ended in zip(rows, *generated):
                 response_ids[row], response_log_probs[row], ended[row] = ids, log_probs, row_ended
         if stop is not None:
             uids = [str(uid) for uid in prompts["uid"]]
@@ -128,12 +129,11 @@ class HFEngine:
         return input_ids, positions[0], vision or {}
 
     def _generate_rows(
-        self, prompts: Batch, rows: list[int], sampling: SamplingSettings, seeds: list[int]
+        self, prompts: Batch, rows: list[int], sampling: SamplingSettings, seeds: list[int], budgets: list[int]
     ) -> tuple[list[list[int]], list[list[float]], list[bool]]:
         """The new tokens, their log-probs, and whether each ended (EOS, or its token budget used), for ``rows``
         in one ``generate``: left-padded to the longest row, each row cut at its own token budget."""
         inputs = [self._row_inputs(prompts, row) for row in rows]
-        budgets = [sampling.max_tokens - len(partial_of(prompts, row)[0]) for row in rows]
         length = max(len(ids) for ids, _, _ in inputs)
         count = len(rows)
         input_ids = torch.full((count, length), self.pad_token_id, dtype=inputs[0][0].dtype)
@@ -165,9 +165,8 @@ class HFEngine:
             return_dict_in_generate=True,
         )
         all_ids, all_log_probs, ended = [], [], []
-        for index, budget in enumerate(budgets):
+        for index, (budget, log_probs) in enumerate(zip(budgets, sampler.log_probs())):
             new_ids = output.sequences[index, length : length + budget].tolist()
-            log_probs = sampler.log_probs(index)
             # generate pads a row after its EOS while others go on; keep the response up to and including its EOS
             end = next(
                 (i for i, token in enumerate(new_ids) if token in self.eos_token_ids and not sampling.ignore_eos), None

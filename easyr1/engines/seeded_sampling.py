@@ -11,7 +11,7 @@ share its batch. :class:`SeededSampler` takes the choice of token away from it: 
 3. records that token's log-prob under ``p``, and hands back scores whose only finite entry is the token, so the
    greedy step takes it.
 
-A row's tokens then depend on its inputs and its seed alone, and a prompt's samples can share one ``generate``.
+A row's tokens then depend on its inputs and its seed alone, whatever rows share its ``generate``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from easyr1.engines.base import SamplingSettings
 class SeededSampler(LogitsProcessor):
     """Chooses each row's next token from the row's own generator (seeded with ``seeds[row]``); greedy when
     ``sampling.greedy``. Pass it as the last logits processor of a greedy ``generate``; :meth:`log_probs` gives
-    each row's chosen tokens' log-probs afterwards."""
+    the chosen tokens' log-probs afterwards."""
 
     def __init__(self, seeds: list[int], sampling: SamplingSettings) -> None:
         self.seeds = seeds
@@ -39,7 +39,6 @@ class SeededSampler(LogitsProcessor):
                 self.warpers.append(TopPLogitsWarper(sampling.top_p))
         self.generators: list[torch.Generator] = []  # made on the first call, on the scores' device
         self.chosen_log_probs: list[torch.Tensor] = []  # one (rows,) tensor per step
-        self.table: torch.Tensor | None = None
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         """Scores (rows, vocab) -> scores that leave each row one token: the one its generator chose."""
@@ -63,9 +62,8 @@ class SeededSampler(LogitsProcessor):
         choice = torch.full_like(scores, float("-inf"))
         return choice.scatter_(-1, tokens[:, None], 0.0)
 
-    def log_probs(self, row: int) -> list[float]:
-        """Row ``row``'s chosen tokens' log-probs, one per step ``generate`` took (finished rows included)."""
-        if self.table is None:  # (rows, steps), stacked once however many rows are read
-            steps = self.chosen_log_probs or [torch.empty(len(self.seeds))]
-            self.table = torch.stack(steps, dim=-1)[:, : len(self.chosen_log_probs)]
-        return self.table[row].tolist()
+    def log_probs(self) -> list[list[float]]:
+        """Each row's chosen tokens' log-probs, one per step ``generate`` took (finished rows included)."""
+        if not self.chosen_log_probs:
+            return [[] for _ in self.seeds]
+        return torch.stack(self.chosen_log_probs, dim=-1).tolist()

@@ -33,7 +33,6 @@ import torch
 from easyr1.distributed import sequence_parallel
 from easyr1.models import linear_attention
 from easyr1.models.families import family_of, forward_token_types
-from easyr1.protocol import same_vision_inputs
 from easyr1.workers import block_attention
 
 
@@ -88,6 +87,25 @@ class SharedPackedInputs:
     group_bounds: list[tuple[int, int]]  # per group, its [start, end) in the packed row: the mask's diagonal blocks
 
 
+def _same_vision(first: dict[str, torch.Tensor] | None, second: dict[str, torch.Tensor] | None) -> bool:
+    # The n samples of a prompt hold the very same objects (a batch repeats a row by reference, and one pickled
+    # message keeps them shared), so identity settles most pairs without comparing pixels.
+    if first is second:
+        return True
+    first, second = first or {}, second or {}
+    if first.keys() != second.keys():
+        return False
+    return all(
+        first[key] is second[key]
+        or (
+            first[key].shape == second[key].shape
+            and first[key].dtype == second[key].dtype
+            and torch.equal(first[key], second[key])
+        )
+        for key in first
+    )
+
+
 def prompt_groups(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
@@ -109,7 +127,7 @@ def prompt_groups(
         vision = vision_rows[row] if vision_rows is not None else None
         for group_index in by_ids.setdefault(key, []):
             first = groups[group_index][0]
-            if same_vision_inputs(vision_rows[first] if vision_rows is not None else None, vision):
+            if _same_vision(vision_rows[first] if vision_rows is not None else None, vision):
                 groups[group_index].append(row)
                 break
         else:
