@@ -9,6 +9,8 @@ resume from, and how.
 
 from __future__ import annotations
 
+import atexit
+import inspect
 import logging
 import os
 import secrets
@@ -17,11 +19,15 @@ import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from easyr1.errors import UserError, WorkerLost
 
+
+if TYPE_CHECKING:
+    from easyr1.distributed.worker_logs import WorkerLogForwarder
 
 # the tasks whose events GCS keeps (Ray's default: 100,000); they serve Ray's state API and dashboard, which the
 # cluster init_ray starts does not run
@@ -63,6 +69,9 @@ def closed_local_cluster() -> Iterator[None]:
       and kept in its environment (``RAY_AUTH_TOKEN``), which Ray's processes inherit, unless one is exported
       (``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``); nothing is written to ``~/.ray``.
 
+    Nor does it start Ray's autoscaler monitor or log monitor (:func:`without_node_monitors`): the driver prints
+    the workers' output itself (:mod:`easyr1.distributed.worker_logs`).
+
     docs/security.md lists what listens and where.
     """
     from ray._private import ray_constants
@@ -81,18 +90,79 @@ def closed_local_cluster() -> Iterator[None]:
     clusters = ray_constants.ENABLE_RAY_CLUSTER
     ray_constants.ENABLE_RAY_CLUSTER = False
     try:
-        yield
+        with without_node_monitors() as started:
+            yield
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = clusters
         notice.setLevel(notice_level)
     import ray
 
+    if ray.is_initialized() and started.nodes:
+        forward_worker_logs(ray._private.worker._global_node.get_logs_dir_path())
     if ray.is_initialized() and ray.util.get_node_ip_address() != LOOPBACK:
         print(
             f"easyr1: notice: the local Ray cluster's node address is {ray.util.get_node_ip_address()}, not "
             f"{LOOPBACK}: its servers listen on every interface (each asks for the cluster's token)",
             file=sys.stderr,
         )
+
+
+@dataclass
+class StartedNodes:
+    """How many nodes a ``ray.init`` inside :func:`without_node_monitors` started (0: it joined a cluster)."""
+
+    nodes: int = 0
+
+
+@contextmanager
+def without_node_monitors() -> Iterator[StartedNodes]:
+    """A node that ``ray.init`` starts inside starts neither Ray's autoscaler monitor nor its log monitor, two Python
+    processes of ~90 MB each (``ray start``'s ``--no-monitor`` and ``--include-log-monitor=false``, which
+    ``ray.init`` does not take). A cluster of this machine alone, started for this process, has nothing to autoscale,
+    and its driver reads the workers' log files itself (:func:`forward_worker_logs`). A Ray whose ``RayParams``
+    lacks either setting starts its node as usual, monitors included."""
+    from ray._private import parameter
+
+    started = StartedNodes()
+    ray_params = parameter.RayParams
+    if not {"no_monitor", "include_log_monitor"} <= set(inspect.signature(ray_params).parameters):
+        yield started
+        return
+
+    class NodeWithoutMonitors(ray_params):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **{**kwargs, "no_monitor": True, "include_log_monitor": False})
+            started.nodes += 1
+
+    parameter.RayParams = NodeWithoutMonitors  # ray.init looks it up there when it starts a node
+    try:
+        yield started
+    finally:
+        parameter.RayParams = ray_params
+
+
+_log_forwarder: WorkerLogForwarder | None = None
+
+
+def forward_worker_logs(logs_dir: str) -> None:
+    """Print the workers' output of the node whose logs are in ``logs_dir`` from now on, until this process exits
+    (then what is left of it: a worker's last lines); a forwarder of an earlier cluster of this process stops."""
+    global _log_forwarder
+    from easyr1.distributed.worker_logs import WorkerLogForwarder
+
+    if _log_forwarder is not None:
+        _log_forwarder.stop()
+    else:
+        atexit.register(stop_forwarding_worker_logs)  # registered after ray.init's own: runs before ray.shutdown
+    _log_forwarder = WorkerLogForwarder(logs_dir).start()
+
+
+def stop_forwarding_worker_logs() -> None:
+    """Print the workers' last output and stop (at exit, and where a run shuts its cluster down)."""
+    global _log_forwarder
+    if _log_forwarder is not None:
+        _log_forwarder.stop()
+        _log_forwarder = None
 
 
 def worker_environment() -> dict[str, str]:

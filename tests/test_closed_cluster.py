@@ -1,12 +1,14 @@
 """A single-node job's processes accept no connection from another machine: while two workers hold a process group
 on the tests' local Ray cluster (started as ``easyr1.main.init_ray`` starts one), every listening TCP socket of the
 driver, GCS, the raylet, its agents and the workers is bound to loopback, or else is a Ray server that refuses a call
-without the cluster's token; and Ray's servers ask for the token even on loopback."""
+without the cluster's token; and Ray's servers ask for the token even on loopback. The cluster runs neither Ray's
+autoscaler monitor nor its log monitor, and what a worker prints reaches the driver all the same."""
 
 from __future__ import annotations
 
 import ipaddress
 import os
+import time
 import urllib.error
 import urllib.request
 
@@ -37,6 +39,9 @@ class Rank(Worker):
 
     def pid(self) -> int:
         return os.getpid()
+
+    def say(self, text: str) -> None:
+        print(text, flush=True)
 
     def all_reduce(self) -> float:
         total = torch.ones(1)
@@ -152,3 +157,19 @@ def test_ray_servers_ask_for_the_token_even_on_loopback(group):
             assert "UNAUTHENTICATED" in without and "OK" not in without, (name, address, port, without)
             # the same call with the token is served: the refusal is the token's doing
             assert "OK" in ray_call_results(port, token), (name, address, port)
+
+
+def test_no_monitor_process_runs_and_the_driver_prints_what_a_worker_prints(group, capsys):
+    [pid] = group.run_all(Rank.pid)
+    commands = [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True)]
+    assert any("raylet" in command for command in commands), commands  # the listing sees the cluster's processes
+    monitors = [c for c in commands if "log_monitor.py" in c or "autoscaler/_private/monitor.py" in c]
+    assert monitors == []
+    group.run_all(Rank.say, "a line the driver prints")
+    expected = f"(Rank pid={pid}) a line the driver prints\n"
+    printed = ""
+    deadline = time.monotonic() + 20
+    while expected not in printed and time.monotonic() < deadline:
+        time.sleep(0.1)
+        printed += capsys.readouterr().out
+    assert expected in printed

@@ -25,6 +25,10 @@ def no_check(config: Any, device: str) -> None:
     """The start-up check of an engine that needs none."""
 
 
+def no_preparation(config: Any, device: str) -> None:
+    """The worker-side preparation of an engine that needs none."""
+
+
 @dataclass(frozen=True)
 class EngineTraits:
     """What the rest of the run needs to know of an engine, declared where it is registered.
@@ -37,11 +41,15 @@ class EngineTraits:
             worker holds a whole model).
         check: ``check(config, device)``: the engine's refusals of settings it cannot run on ``device`` ("cpu" or
             "cuda"), as :class:`~easyr1.errors.UserError`; called before any worker starts.
+        prepare: ``prepare(config, device)``: called on a worker that will hold the engine, first thing in its
+            set-up, before any model loads, for work that would otherwise happen while the models and the engine are
+            all in memory.
     """
 
     reads_images: bool
     tensor_parallel: bool
     check: Callable[[Any, str], None] = no_check
+    prepare: Callable[[Any, str], None] = no_preparation
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,8 @@ class HybridWorker(Worker):
         transformers.utils.logging.disable_progress_bar()  # one bar per worker per load is noise
         self.precision = resolve_precision(actor_config.fsdp, self.device, "actor")
         seed_everything(config.trainer.seed)
+        if self.role != TRAINER:
+            engine_traits(config.worker.rollout.name).prepare(config, self.device)
 
         self.tokenizer, self.processor = load_tokenizer_and_processor(
             model_config.tokenizer_path, model_config.trust_remote_code
