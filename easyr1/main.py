@@ -153,12 +153,14 @@ def forward_worker_logs(logs_dir: str) -> None:
     if _log_forwarder is not None:
         _log_forwarder.stop()
     else:
-        atexit.register(stop_forwarding_worker_logs)  # registered after ray.init's own: runs before ray.shutdown
+        # registered after the first ray.init's own exit handler, so it runs before that ray.shutdown stops the
+        # workers; their files stay, so what a later cluster's workers wrote is read either way
+        atexit.register(stop_forwarding_worker_logs)
     _log_forwarder = WorkerLogForwarder(logs_dir).start()
 
 
 def stop_forwarding_worker_logs() -> None:
-    """Print the workers' last output and stop (at exit, and where a run shuts its cluster down)."""
+    """Print the workers' last output and stop forwarding (at this process's exit)."""
     global _log_forwarder
     if _log_forwarder is not None:
         _log_forwarder.stop()
